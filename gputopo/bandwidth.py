@@ -1,0 +1,102 @@
+"""Nominal bandwidth and latency of links, from published figures, when nothing was measured.
+
+Units everywhere in gputopo: bandwidth in GB/s (10^9 bytes per second) **per direction**, latency
+in microseconds. Vendors quote NVLink bidirectionally ("900 GB/s" for H100); we store half of that
+(450), which is what one copy in one direction can reach at line rate.
+
+Sources (see the project's docs/bandwidth.md for the full list):
+- NVLink per link per direction: 20 GB/s for NVLink 1 (P100), 25 GB/s for NVLink 2-4
+  (V100, A100: 12 links = 300 GB/s/dir; H100: 18 links = 450 GB/s/dir), 50 GB/s for NVLink 5
+  (B200/GB200: 18 links = 900 GB/s/dir). `nvidia-smi nvlink -s` shows 25 GB/s per A100 link.
+- Grace C2C: 900 GB/s bidirectional -> 450 per direction (nvbandwidth#41).
+- PCIe per lane per direction after line coding: Gen1 0.25, Gen2 0.5, Gen3 0.985, Gen4 1.969,
+  Gen5 3.938, Gen6 7.563 GB/s.
+- GPU peer traffic over PCIe does not reach the link rate, and less so the further it travels.
+  Measured fractions of the x16 link rate: same switch 0.83 and across switches 0.70 (A6000 Gen4,
+  26.3 and ~22 GB/s, nvbandwidth#50); through the CPU across sockets 0.59 (H100 Gen5 host-staged
+  ~37 GB/s, nccl#1264). PHB and NODE are interpolated between those.
+- NICs: line rate / 8 (NDR 400 Gb/s -> 50 GB/s, HDR 200 -> 25, EFA/RoCE 100 -> 12.5).
+"""
+
+from __future__ import annotations
+
+from gputopo.links import LinkKind
+
+__all__ = [
+    "C2C_GBPS",
+    "NVLINK_GBPS_PER_LANE",
+    "latency_us",
+    "nic_gbps",
+    "nvlink_gbps",
+    "pcie_gbps",
+    "pcie_path_gbps",
+]
+
+# NVLink generation (marketing number: 1 = P100 ... 5 = Blackwell) -> GB/s per link per direction.
+NVLINK_GBPS_PER_LANE: dict[int, float] = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0, 6: 100.0}
+# Used when the generation is unknown: NVLink 4 is the most common generation in clusters today.
+_DEFAULT_NVLINK_GENERATION = 4
+
+C2C_GBPS = 450.0
+
+_PCIE_GBPS_PER_LANE: dict[int, float] = {
+    1: 0.25,
+    2: 0.5,
+    3: 0.985,
+    4: 1.969,
+    5: 3.938,
+    6: 7.563,
+}
+
+# Fraction of the PCIe link rate that GPU peer traffic reaches along each path class.
+_PCIE_PATH_EFFICIENCY: dict[LinkKind, float] = {
+    LinkKind.PIX: 0.83,
+    LinkKind.PXB: 0.70,
+    LinkKind.PHB: 0.66,
+    LinkKind.NODE: 0.62,
+    LinkKind.SYS: 0.59,
+}
+
+# Per-hop latency used by the cost model's alpha term (microseconds). NVLink and C2C are a few
+# hundred ns of wire plus protocol; NCCL's own tuning model charges a few microseconds per ring
+# step on NVLink and more over PCIe and the network, which is what these reflect.
+_LATENCY_US: dict[LinkKind, float] = {
+    LinkKind.NVLINK: 2.0,
+    LinkKind.C2C: 2.0,
+    LinkKind.PIX: 3.0,
+    LinkKind.PXB: 3.5,
+    LinkKind.PHB: 4.0,
+    LinkKind.NODE: 4.5,
+    LinkKind.SYS: 6.0,
+    LinkKind.NET: 8.0,
+}
+
+
+def nvlink_gbps(*, lanes: int, generation: int | None) -> float:
+    """Nominal one-direction bandwidth of `lanes` bonded NVLinks of a generation."""
+    gen = generation if generation in NVLINK_GBPS_PER_LANE else _DEFAULT_NVLINK_GENERATION
+    return lanes * NVLINK_GBPS_PER_LANE[gen]
+
+
+def pcie_gbps(*, generation: int, width: int) -> float:
+    """Line rate of a PCIe link per direction; 0 when the link is unknown."""
+    if width <= 0 or generation not in _PCIE_GBPS_PER_LANE:
+        return 0.0
+    return _PCIE_GBPS_PER_LANE[generation] * width
+
+
+def pcie_path_gbps(kind: LinkKind, *, link_gbps: float) -> float:
+    """Expected GPU peer bandwidth along a PCIe path class, given the narrower endpoint link."""
+    if not kind.is_pcie:
+        raise ValueError(f"{kind.name} is not a PCIe path class")
+    return round(link_gbps * _PCIE_PATH_EFFICIENCY[kind], 3)
+
+
+def nic_gbps(speed_mbps: int) -> float:
+    """A NIC's line rate (Mb/s, as sysfs and NCCL report it) in GB/s."""
+    return max(speed_mbps, 0) / 8000.0
+
+
+def latency_us(kind: LinkKind) -> float:
+    """Per-hop latency charged for one step over a link of this kind."""
+    return _LATENCY_US[kind]

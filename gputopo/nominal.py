@@ -1,0 +1,84 @@
+"""Fill in the nominal bandwidth of every link from what is known about its devices.
+
+Discovery (NVML), importers (nvidia-smi text, NCCL XML) and fake machines all produce links with
+a kind and lane count but no bandwidth; this is the one place that turns those facts into GB/s,
+so a recording and a live node of the same machine get the same figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gputopo import bandwidth
+from gputopo.links import LinkHealth, LinkKind
+from gputopo.topology import DeviceKind, DeviceRef, Gpu, Link, NodeTopology
+
+__all__ = ["ASSUMED_PCIE", "gpu_pcie_gbps", "link_nominal_gbps", "with_nominal_bandwidth"]
+
+# When a GPU's PCIe link is unknown (recordings rarely say) we assume Gen4 x16, the most common
+# link of datacenter GPUs in service; callers that know better set the GPU's pcie fields.
+ASSUMED_PCIE = (4, 16)
+_GPUDIRECT_RDMA_MAX_PATH = LinkKind.PXB
+
+
+def gpu_pcie_gbps(g: Gpu) -> float:
+    """Line rate of a GPU's PCIe link as trained now, or the assumed default when unknown."""
+    gen, width = g.pcie_generation, g.pcie_width
+    if gen <= 0 or width <= 0:
+        gen, width = ASSUMED_PCIE
+    return bandwidth.pcie_gbps(generation=gen, width=width)
+
+
+def link_nominal_gbps(topology: NodeTopology, link: Link) -> float:
+    """Nominal one-direction bandwidth of a link of this node, from the facts table."""
+    if link.health is LinkHealth.DOWN:
+        return 0.0
+    if link.kind is LinkKind.NVLINK:
+        generation = _nvlink_generation(topology, link)
+        return bandwidth.nvlink_gbps(lanes=link.lanes, generation=generation)
+    if link.kind is LinkKind.C2C:
+        return bandwidth.C2C_GBPS
+    if link.kind is LinkKind.NET:
+        return 0.0
+    rates = [r for r in (_endpoint_gbps(topology, ref) for ref in (link.a, link.b)) if r > 0]
+    link_rate = (
+        min(rates)
+        if rates
+        else bandwidth.pcie_gbps(generation=ASSUMED_PCIE[0], width=ASSUMED_PCIE[1])
+    )
+    touches_nic = DeviceKind.NIC in (link.a.kind, link.b.kind)
+    if touches_nic and link.kind <= _GPUDIRECT_RDMA_MAX_PATH:
+        # GPUDirect RDMA runs at the NIC's line rate as long as the path stays below the host
+        # bridge (NCCL's default NCCL_NET_GDR_LEVEL is PXB); farther, traffic is staged in host
+        # memory and pays the PCIe path penalty like peer traffic does.
+        return round(link_rate, 3)
+    return bandwidth.pcie_path_gbps(link.kind, link_gbps=link_rate)
+
+
+def with_nominal_bandwidth(topology: NodeTopology) -> NodeTopology:
+    """The same topology with every link's `nominal_gbps` set from the facts table."""
+    links = tuple(
+        replace(link, nominal_gbps=link_nominal_gbps(topology, link)) for link in topology.links
+    )
+    return replace(topology, links=links)
+
+
+def _nvlink_generation(topology: NodeTopology, link: Link) -> int | None:
+    if link.generation > 0:
+        return link.generation
+    gens = [
+        topology.gpus[ref.index].nvlink_generation
+        for ref in (link.a, link.b)
+        if ref.kind is DeviceKind.GPU and 0 <= ref.index < len(topology.gpus)
+    ]
+    known = [g for g in gens if g > 0]
+    return min(known) if known else None
+
+
+def _endpoint_gbps(topology: NodeTopology, ref: DeviceRef) -> float:
+    if ref.kind is DeviceKind.GPU and 0 <= ref.index < len(topology.gpus):
+        return gpu_pcie_gbps(topology.gpus[ref.index])
+    if ref.kind is DeviceKind.NIC and 0 <= ref.index < len(topology.nics):
+        # A NIC's PCIe link is rarely the bottleneck of a GPU-NIC path; its line rate is.
+        return bandwidth.nic_gbps(topology.nics[ref.index].speed_mbps)
+    return 0.0
