@@ -1,0 +1,49 @@
+# The two commands of the README:
+#   make demo   set up (once) and run the local demo cluster
+#   make test   set up (once) and run the whole test suite (lint, types, import contracts, tests)
+# Both create .venv when it is missing and install the project with its pinned dependency
+# ranges; nothing outside the repository is needed beyond python3 (>= 3.11).
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint typecheck contracts unit proto setup clean
+
+demo: $(STAMP)
+	$(BIN)/gputopo demo
+
+test: lint typecheck contracts unit
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+	  { echo "gputopo needs Python >= 3.11; $(PYTHON) is $$($(PYTHON) -V)"; exit 1; }
+	@test -x $(BIN)/python || { echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+contracts: $(STAMP)
+	$(BIN)/lint-imports
+
+unit: $(STAMP)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+# Regenerate the gputopo.v1 code after editing proto/ (tests fail while it is stale).
+proto: $(STAMP)
+	scripts/gen-proto.sh
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,323 @@
+"""The Placement gRPC service: Place, Commit, Release, Explain, GetTopology, WatchTopology.
+
+Atomicity: one asyncio loop owns the cluster state and each Place runs from snapshot to
+reservation without awaiting in between, so two concurrent Place calls can never be handed the
+same GPU; the second one sees the first one's reservation in its snapshot.
+
+Errors: an invalid request ends with INVALID_ARGUMENT and the field path
+(`request.groups[0].gpus_per_pod: must be at least 1`); an unknown reservation with NOT_FOUND.
+A request that is valid but cannot be placed is not an error: the response says `placed: false`
+with the reason and the rejected domains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from aggregator.state import ClusterState, Reservation, ReservationError
+from gputopo.cluster import ClusterSnapshot
+from gputopo.codec import (
+    CodecError,
+    node_state_to_proto,
+    request_from_proto,
+    result_to_proto,
+    timestamp,
+)
+from gputopo.placement import PlacementResult, UnknownPolicyError, place
+from gputopo.request import RequestError, Scope
+from gputopo.v1 import placement_pb2 as ppb
+from gputopo.v1 import placement_pb2_grpc as pgrpc
+from gputopo.v1 import topology_pb2 as tpb
+
+__all__ = ["DEFAULT_RESERVATION_TTL_S", "PlacementService", "topology_to_proto"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RESERVATION_TTL_S = 60.0
+# A watcher that falls this many events behind is told to resync rather than buffering forever.
+_WATCH_QUEUE = 1024
+
+
+def topology_to_proto(
+    snapshot: ClusterSnapshot,
+    state: ClusterState,
+    *,
+    nodes: list[str] | None = None,
+    include_links: bool = True,
+    as_of: float | None = None,
+) -> tpb.ClusterTopology:
+    """The cluster as a ClusterTopology message."""
+    held = state.held_gpus()
+    wanted = set(nodes) if nodes else None
+    msg = tpb.ClusterTopology(generation=snapshot.generation)
+    for name, node in snapshot.nodes.items():
+        if wanted is not None and name not in wanted:
+            continue
+        rec = state.record(name)
+        msg.nodes.append(
+            node_state_to_proto(
+                node,
+                generation=rec.generation if rec else 0,
+                last_report=rec.last_report if rec else None,
+                reserved=_reserved_only(state, name, held.get(name, frozenset())),
+                include_links=include_links,
+            )
+        )
+    for scope, level in (
+        (Scope.NVLINK, "accelerator"),
+        (Scope.LEAF, "tier-0"),
+        (Scope.SPINE, "tier-1"),
+        (Scope.CORE, "tier-2"),
+        (Scope.ZONE, "zone"),
+    ):
+        for domain, members in snapshot.domains(scope).items():
+            msg.domains.append(
+                tpb.Domain(
+                    id=domain,
+                    level=level,
+                    nodes=list(members),
+                    parent=_parent(snapshot, members[0], scope),
+                    total_gpus=sum(snapshot.node(n).topology.gpu_count for n in members),
+                    free_gpus=snapshot.free_in(members),
+                )
+            )
+    if as_of is not None:
+        msg.as_of.CopyFrom(timestamp(as_of))
+    return msg
+
+
+def _parent(snapshot: ClusterSnapshot, node: str, scope: Scope) -> str:
+    wider = {Scope.LEAF: Scope.SPINE, Scope.SPINE: Scope.CORE}.get(scope)
+    return (snapshot.domain_of(node, wider) or "") if wider else ""
+
+
+def _reserved_only(state: ClusterState, node: str, held: frozenset[int]) -> list[int]:
+    """GPUs held by uncommitted reservations (committed ones count as allocated)."""
+    out: set[int] = set()
+    for r in state.reservations():
+        if not r.committed:
+            out.update(r.gpus.get(node, frozenset()))
+    return sorted(out & held)
+
+
+def _reservation_to_proto(r: Reservation) -> ppb.Reservation:
+    msg = ppb.Reservation(id=r.id, committed=r.committed, owner=r.owner)
+    if r.expires_at is not None:
+        msg.expires_at.CopyFrom(timestamp(r.expires_at))
+    return msg
+
+
+class PlacementService(pgrpc.PlacementServicer):
+    """Serves placement decisions against the aggregator's cluster state."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        *,
+        clock: Callable[[], float],
+        default_ttl_s: float = DEFAULT_RESERVATION_TTL_S,
+        default_policy: str | None = None,
+    ) -> None:
+        self._state = state
+        self._clock = clock
+        self._ttl = default_ttl_s
+        self._policy = default_policy
+
+    def _decide(
+        self, request: ppb.PlacementRequest
+    ) -> tuple[PlacementResult, float, ClusterSnapshot]:
+        req = request_from_proto(request)
+        snapshot = self._state.snapshot()
+        policy = req.policy or self._policy
+        result, seconds = place(snapshot, req, policy=policy)
+        return result, seconds, snapshot
+
+    def _response(
+        self, result: PlacementResult, snapshot: ClusterSnapshot, seconds: float
+    ) -> ppb.PlaceResponse:
+        uuids: dict[str, tuple[str, ...]] = {}
+        nics: dict[tuple[str, int], str] = {}
+        for node in result.allocation():
+            topo = snapshot.node(node).topology
+            uuids[node] = tuple(g.uuid for g in topo.gpus)
+            for g in range(topo.gpu_count):
+                near = topo.nearest_nics(g)
+                if near:
+                    nics[(node, g)] = topo.nics[near[0]].name
+        resp = result_to_proto(result, uuids=uuids, nics=nics)
+        resp.topology_generation = snapshot.generation
+        resp.decision_seconds = seconds
+        return resp
+
+    async def Place(  # noqa: N802 - gRPC method name
+        self,
+        request: ppb.PlaceRequest,
+        context: grpc.aio.ServicerContext[ppb.PlaceRequest, ppb.PlaceResponse],
+    ) -> ppb.PlaceResponse:
+        """Place a request; unless dry_run, hold its GPUs for the reservation TTL."""
+        try:
+            result, seconds, snapshot = self._decide(request.request)
+        except (CodecError, RequestError) as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request.{err}")
+        except UnknownPolicyError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request.policy: {err}")
+        resp = self._response(result, snapshot, seconds)
+        if result.placed and not request.dry_run:
+            ttl = (
+                request.reservation_ttl.ToNanoseconds() / 1e9
+                if request.HasField("reservation_ttl")
+                else self._ttl
+            )
+            if ttl <= 0:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, "reservation_ttl: must be positive"
+                )
+            reservation = self._state.reserve(result, ttl_s=ttl, job=request.request.job)
+            resp.reservation.CopyFrom(_reservation_to_proto(reservation))
+        log.info(
+            "place job=%r placed=%s gpus=%d in %.1f ms%s",
+            request.request.job,
+            result.placed,
+            result.gpu_count,
+            seconds * 1e3,
+            "" if result.placed else f": {result.reason}",
+        )
+        return resp
+
+    async def Commit(  # noqa: N802
+        self,
+        request: ppb.CommitRequest,
+        context: grpc.aio.ServicerContext[ppb.CommitRequest, ppb.CommitResponse],
+    ) -> ppb.CommitResponse:
+        """Keep a reservation until it is released."""
+        try:
+            res = self._state.commit(request.reservation_id, owner=request.owner)
+        except ReservationError:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"reservation_id: no live reservation {request.reservation_id!r}"
+                " (unknown, released or expired)",
+            )
+        return ppb.CommitResponse(reservation=_reservation_to_proto(res))
+
+    async def Release(  # noqa: N802
+        self,
+        request: ppb.ReleaseRequest,
+        context: grpc.aio.ServicerContext[ppb.ReleaseRequest, ppb.ReleaseResponse],
+    ) -> ppb.ReleaseResponse:
+        """Free a reservation's GPUs."""
+        try:
+            res = self._state.release(request.reservation_id)
+        except ReservationError:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"reservation_id: no live reservation {request.reservation_id!r}",
+            )
+        return ppb.ReleaseResponse(released=True, gpus_freed=res.gpu_count)
+
+    async def Explain(  # noqa: N802
+        self,
+        request: ppb.ExplainRequest,
+        context: grpc.aio.ServicerContext[ppb.ExplainRequest, ppb.PlaceResponse],
+    ) -> ppb.PlaceResponse:
+        """A dry run with its reasons, or the figures of an existing reservation."""
+        if request.WhichOneof("subject") == "reservation_id":
+            res = self._state.reservation(request.reservation_id)
+            if res is None or res.result is None:
+                await context.abort(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"reservation_id: no live reservation {request.reservation_id!r}",
+                )
+            snapshot = self._state.snapshot()
+            resp = self._response(res.result, snapshot, 0.0)
+            resp.reservation.CopyFrom(_reservation_to_proto(res))
+            return resp
+        if request.WhichOneof("subject") != "request":
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "subject: a request or a reservation_id is required",
+            )
+        try:
+            result, seconds, snapshot = self._decide(request.request)
+        except (CodecError, RequestError) as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request.{err}")
+        except UnknownPolicyError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request.policy: {err}")
+        return self._response(result, snapshot, seconds)
+
+    async def GetTopology(  # noqa: N802
+        self,
+        request: ppb.GetTopologyRequest,
+        context: grpc.aio.ServicerContext[ppb.GetTopologyRequest, tpb.ClusterTopology],
+    ) -> tpb.ClusterTopology:
+        """The cluster as the aggregator sees it now."""
+        snapshot = self._state.snapshot()
+        unknown = sorted(set(request.nodes) - set(snapshot.nodes))
+        if unknown:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"nodes: unknown node {unknown[0]!r}")
+        return topology_to_proto(
+            snapshot,
+            self._state,
+            nodes=list(request.nodes) or None,
+            include_links=request.include_links,
+            as_of=self._clock(),
+        )
+
+    async def WatchTopology(  # noqa: N802
+        self,
+        request: ppb.WatchTopologyRequest,
+        context: grpc.aio.ServicerContext[ppb.WatchTopologyRequest, ppb.TopologyEvent],
+    ) -> AsyncIterator[ppb.TopologyEvent]:
+        """Every node first (as NODE_UPDATED), then each change as it happens."""
+        queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue(maxsize=_WATCH_QUEUE)
+        overflow = asyncio.Event()
+
+        def listener(kind: str, node: str) -> None:
+            try:
+                queue.put_nowait((kind, node))
+            except asyncio.QueueFull:
+                overflow.set()
+
+        unsubscribe = self._state.subscribe(listener)
+        try:
+            snapshot = self._state.snapshot()
+            for name in snapshot.nodes:
+                yield self._event(ppb.TopologyEvent.TYPE_NODE_UPDATED, name)
+            while True:
+                if overflow.is_set():
+                    await context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        "watcher fell behind; watch again from the start",
+                    )
+                kind, node = await queue.get()
+                yield self._event(_EVENT_TYPES.get(kind, ppb.TopologyEvent.TYPE_NODE_UPDATED), node)
+        finally:
+            unsubscribe()
+
+    def _event(self, kind: ppb.TopologyEvent.Type.ValueType, node: str) -> ppb.TopologyEvent:
+        snapshot = self._state.snapshot()
+        ev = ppb.TopologyEvent(type=kind, generation=snapshot.generation, node=node)
+        if node in snapshot.nodes:
+            state = snapshot.node(node)
+            if not state.placeable and state.reason == "stale":
+                ev.type = ppb.TopologyEvent.TYPE_NODE_STALE
+            rec = self._state.record(node)
+            ev.state.CopyFrom(
+                node_state_to_proto(
+                    state, generation=rec.generation if rec else 0, include_links=False
+                )
+            )
+        return ev
+
+
+_EVENT_TYPES = {
+    "node": ppb.TopologyEvent.TYPE_NODE_UPDATED,
+    "labels": ppb.TopologyEvent.TYPE_NODE_UPDATED,
+    "stale": ppb.TopologyEvent.TYPE_NODE_STALE,
+    "removed": ppb.TopologyEvent.TYPE_NODE_REMOVED,
+    "allocation": ppb.TopologyEvent.TYPE_ALLOCATION_CHANGED,
+}

@@ -1,0 +1,205 @@
+"""Stream a node's topology to the aggregator, forever.
+
+Protocol (reporter.proto): a full snapshot first, then deltas when the topology changes and
+heartbeats when it does not, every message numbered (incarnation, sequence). The aggregator acks
+each message; RESYNC makes the next message a snapshot.
+
+Failure handling: any stream error (aggregator down, restarted, unreachable) closes the stream;
+the next attempt waits a jittered exponential backoff (full jitter, capped) and starts again
+with a snapshot, so nothing the aggregator missed is lost. The backoff resets after the first
+acknowledged message. It never gives up: an exporter that stops reporting is worse than one that
+retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from gputopo import __version__
+from gputopo.codec import delta_to_proto, timestamp, topology_to_proto
+from gputopo.delta import diff_topology
+from gputopo.topology import NodeTopology
+from gputopo.v1 import reporter_pb2 as rpb
+from gputopo.v1 import reporter_pb2_grpc as rgrpc
+
+__all__ = ["Backoff", "ReportStream", "StreamStats"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Jittered exponential backoff: attempt n waits uniform(0, min(cap, base * 2**n))."""
+
+    base_s: float = 0.5
+    cap_s: float = 30.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """Seconds to wait before attempt `attempt` (0-based)."""
+        ceiling = min(self.cap_s, self.base_s * 2 ** min(attempt, 30))
+        return rng.uniform(ceiling / 2, ceiling)
+
+
+@dataclass(slots=True)
+class StreamStats:
+    """What the stream has done, for metrics and tests."""
+
+    connects: int = 0
+    failures: int = 0
+    snapshots_sent: int = 0
+    deltas_sent: int = 0
+    heartbeats_sent: int = 0
+    acked_sequence: int = 0
+    resyncs: int = 0
+    last_error: str = ""
+    connected: bool = False
+
+
+class ReportStream:
+    """One node's report stream to one aggregator.
+
+    `source()` returns the node's current topology; call `changed()` after it changes so the
+    stream sends a delta at once rather than at the next heartbeat.
+    """
+
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        source: Callable[[], NodeTopology],
+        channel: grpc.aio.Channel,
+        heartbeat_interval_s: float = 5.0,
+        backoff: Backoff = Backoff(),
+        probe_address: str = "",
+        rng: random.Random | None = None,
+        incarnation: int | None = None,
+    ) -> None:
+        self.node_name = node_name
+        self._source = source
+        self._stub = rgrpc.ReporterStub(channel)
+        self._heartbeat_s = heartbeat_interval_s
+        self._backoff = backoff
+        self._probe_address = probe_address
+        self._rng = rng or random.Random()
+        # A restarted exporter must outrank its previous life: unix nanoseconds grow.
+        self.incarnation = incarnation or time.time_ns()
+        self._sequence = 0
+        self._wake = asyncio.Event()
+        self._resync = False
+        self.stats = StreamStats()
+        self.acked = asyncio.Event()  # set after the first ack of each connection
+
+    def changed(self) -> None:
+        """The topology changed: send a delta now."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Stream until cancelled, reconnecting with backoff."""
+        attempt = 0
+        while True:
+            try:
+                self.stats.connects += 1
+                await self._stream_once()
+                reason = "stream ended by the aggregator"
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as err:
+                reason = f"{err.code().name}: {err.details()}"
+            except Exception as err:  # keep reporting whatever went wrong
+                log.exception("report stream of %s failed", self.node_name)
+                reason = repr(err)
+            self.stats.connected = False
+            self.stats.failures += 1
+            self.stats.last_error = reason
+            if self.stats.acked_sequence and self.acked.is_set():
+                attempt = 0  # it worked for a while: start the backoff over
+            self.acked.clear()
+            delay = self._backoff.delay(attempt, self._rng)
+            attempt += 1
+            log.warning(
+                "report stream of %s closed (%s); retrying in %.1fs", self.node_name, reason, delay
+            )
+            await asyncio.sleep(delay)
+
+    def _message(self, **payload: object) -> rpb.ReportRequest:
+        self._sequence += 1
+        return rpb.ReportRequest(
+            node_name=self.node_name,
+            incarnation=self.incarnation,
+            sequence=self._sequence,
+            sent_at=timestamp(time.time()),
+            exporter_version=__version__,
+            probe_address=self._probe_address,
+            **payload,  # type: ignore[arg-type]
+        )
+
+    async def _stream_once(self) -> None:
+        call = self._stub.Report()
+        self._resync = False
+        reader = asyncio.create_task(self._read_acks(call))
+        sent: NodeTopology | None = None
+        try:
+            while True:
+                current = self._source()
+                msg = self._next_message(sent, current)
+                sent = current
+                await call.write(msg)
+                self.stats.connected = True
+                self._wake.clear()
+                waiter = asyncio.create_task(self._wake.wait())
+                done, _ = await asyncio.wait(
+                    {waiter, reader},
+                    timeout=self._heartbeat_s,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                waiter.cancel()
+                if reader in done:
+                    reader.result()  # raises when the stream failed
+                    return
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await reader
+            call.cancel()
+
+    def _next_message(self, sent: NodeTopology | None, current: NodeTopology) -> rpb.ReportRequest:
+        """A snapshot (first, after RESYNC, or when a delta cannot say it), else delta or beat."""
+        delta = None if sent is None or self._resync else diff_topology(sent, current)
+        if delta is None:
+            self._resync = False
+            self.stats.snapshots_sent += 1
+            return self._message(
+                snapshot=rpb.Snapshot(topology=topology_to_proto(current, observed_at=time.time()))
+            )
+        if delta.empty:
+            self.stats.heartbeats_sent += 1
+            return self._message(heartbeat=rpb.Heartbeat())
+        self.stats.deltas_sent += 1
+        return self._message(delta=delta_to_proto(delta))
+
+    async def _read_acks(
+        self, call: grpc.aio.StreamStreamCall[rpb.ReportRequest, rpb.ReportResponse]
+    ) -> None:
+        """Read acks until the stream ends; a RESYNC makes the next message a snapshot."""
+        while True:
+            resp = await call.read()
+            if resp is grpc.aio.EOF:
+                return
+            assert isinstance(resp, rpb.ReportResponse)
+            if resp.status == rpb.ReportResponse.STATUS_ACCEPTED:
+                self.stats.acked_sequence = resp.acked_sequence
+                self.acked.set()
+            elif resp.status == rpb.ReportResponse.STATUS_RESYNC:
+                self.stats.resyncs += 1
+                self._resync = True
+                self._wake.set()
+            elif resp.status == rpb.ReportResponse.STATUS_REJECTED:
+                log.error("aggregator rejected a report of %s: %s", self.node_name, resp.message)

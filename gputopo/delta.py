@@ -1,0 +1,89 @@
+"""Changes to a node's topology: compute them (exporter side) and apply them (aggregator side).
+
+Exporters stream a full snapshot once and then only what changed; both ends use this module so
+that `apply(old, diff(old, new)) == new` holds by construction (tested as a property). Upserts are
+keyed by GPU index, NIC index and link endpoints. A change that upserts cannot express (a GPU or
+NIC disappearing, NUMA nodes changing, the node renamed) makes `diff` return None: send a snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from gputopo.topology import (
+    DeviceRef,
+    FabricPosition,
+    Gpu,
+    Link,
+    Nic,
+    NodeTopology,
+    NvmlStatus,
+)
+
+__all__ = ["NodeDelta", "apply_delta", "diff_topology"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDelta:
+    """Changes to a node, keyed like the wire Delta (upserts by index or endpoints)."""
+
+    gpus: tuple[Gpu, ...] = ()
+    nics: tuple[Nic, ...] = ()
+    links: tuple[Link, ...] = ()
+    removed_links: tuple[tuple[DeviceRef, DeviceRef], ...] = ()
+    fabric: FabricPosition | None = None
+    nvml: NvmlStatus | None = None
+    problems: tuple[str, ...] | None = None
+
+    @property
+    def empty(self) -> bool:
+        """True when the delta changes nothing."""
+        return self == NodeDelta()
+
+
+def diff_topology(old: NodeTopology, new: NodeTopology) -> NodeDelta | None:
+    """What turns `old` into `new`, or None when only a full snapshot can say it."""
+    if (old.name, old.numa_nodes, old.machine, old.profile, old.partial) != (
+        new.name,
+        new.numa_nodes,
+        new.machine,
+        new.profile,
+        new.partial,
+    ):
+        return None
+    if len(new.gpus) < len(old.gpus) or len(new.nics) < len(old.nics):
+        return None
+    old_gpus = dict(enumerate(old.gpus))
+    old_nics = dict(enumerate(old.nics))
+    old_links = {lk.key: lk for lk in old.links}
+    new_links = {lk.key: lk for lk in new.links}
+    return NodeDelta(
+        gpus=tuple(g for i, g in enumerate(new.gpus) if old_gpus.get(i) != g),
+        nics=tuple(n for i, n in enumerate(new.nics) if old_nics.get(i) != n),
+        links=tuple(lk for k, lk in new_links.items() if old_links.get(k) != lk),
+        removed_links=tuple(k for k in old_links if k not in new_links),
+        fabric=new.fabric if new.fabric != old.fabric else None,
+        nvml=new.nvml if new.nvml != old.nvml else None,
+        problems=new.problems if new.problems != old.problems else None,
+    )
+
+
+def apply_delta(topology: NodeTopology, delta: NodeDelta) -> NodeTopology:
+    """`topology` with the delta's upserts and removals applied."""
+    gpus = {g.index: g for g in topology.gpus} | {g.index: g for g in delta.gpus}
+    nics = {n.index: n for n in topology.nics} | {n.index: n for n in delta.nics}
+    links = {lk.key: lk for lk in topology.links}
+    for a, b in delta.removed_links:
+        links.pop((a, b) if a < b else (b, a), None)
+    for lk in delta.links:
+        normal = lk if lk.a < lk.b else replace(lk, a=lk.b, b=lk.a)
+        links[normal.key] = normal
+    return replace(
+        topology,
+        gpus=tuple(gpus[i] for i in sorted(gpus)),
+        nics=tuple(nics[i] for i in sorted(nics)),
+        links=tuple(links.values()),
+        fabric=delta.fabric if delta.fabric is not None else topology.fabric,
+        nvml=delta.nvml if delta.nvml is not None else topology.nvml,
+        problems=delta.problems if delta.problems is not None else topology.problems,
+    )

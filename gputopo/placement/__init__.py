@@ -1,0 +1,84 @@
+"""Placement: decide where a communication graph runs, on an immutable cluster snapshot.
+
+Policies are one-method protocols (`Policy.place(snapshot, request) -> PlacementResult`) and
+live side by side, so every comparison runs them on the same input:
+
+- `gputopo`: the cost-aware policy (`gputopo.placement.costaware`);
+- `first-fit` and `default`: count-only baselines (`gputopo.placement.baselines`).
+
+`place()` is the one entry point: it validates the request, runs the named policy and times it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Protocol
+
+from gputopo.cluster import ClusterSnapshot
+from gputopo.placement.baselines import DefaultPolicy, FirstFitPolicy
+from gputopo.placement.costaware import CostAwarePolicy
+from gputopo.placement.result import (
+    EdgePrediction,
+    GroupPrediction,
+    PlacementResult,
+    PodPlacement,
+    Prediction,
+    Rejection,
+)
+from gputopo.request import PlacementRequest, validate
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICIES",
+    "EdgePrediction",
+    "GroupPrediction",
+    "PlacementResult",
+    "PodPlacement",
+    "Policy",
+    "Prediction",
+    "Rejection",
+    "UnknownPolicyError",
+    "place",
+]
+
+
+class Policy(Protocol):
+    """A placement policy: one decision on one snapshot, whole request or nothing."""
+
+    name: str
+
+    def place(self, snapshot: ClusterSnapshot, request: PlacementRequest) -> PlacementResult:
+        """Place the request or return why not."""
+        ...
+
+
+class UnknownPolicyError(ValueError):
+    """The request names a policy that does not exist."""
+
+
+DEFAULT_POLICY = "gputopo"
+POLICIES: Mapping[str, Policy] = {
+    p.name: p for p in (CostAwarePolicy(), FirstFitPolicy(), DefaultPolicy())
+}
+
+
+def place(
+    snapshot: ClusterSnapshot, request: PlacementRequest, *, policy: str | None = None
+) -> tuple[PlacementResult, float]:
+    """Validate and place a request with a policy; returns the result and the seconds it took.
+
+    The policy is `policy`, else the request's, else `DEFAULT_POLICY`. Raises `RequestError`
+    for an invalid request and `UnknownPolicyError` for an unknown policy name.
+    """
+    validate(request)
+    name = policy or request.policy or DEFAULT_POLICY
+    try:
+        chosen = POLICIES[name]
+    except KeyError:
+        raise UnknownPolicyError(
+            f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}"
+        ) from None
+    start = time.perf_counter()
+    result = chosen.place(snapshot, request)
+    return result, time.perf_counter() - start

@@ -1,0 +1,142 @@
+"""The cluster state: report ordering, replay, staleness, reservations."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from aggregator.state import ClusterState, ReportOutcome, ReservationError
+from gputopo.delta import NodeDelta
+from gputopo.links import LinkHealth
+from gputopo.placement import place
+from gputopo.request import request_from_mapping
+from tests.builders import nvswitch_node
+
+
+class Clock:
+    """A clock tests move by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def state(clock: Clock) -> ClusterState:
+    return ClusterState(clock=clock, stale_after_s=30)
+
+
+NODE = nvswitch_node("n1", gpus=4, nics=2)
+
+
+def test_first_snapshot_is_accepted(state: ClusterState) -> None:
+    assert state.apply_snapshot(NODE, incarnation=5, sequence=1) is ReportOutcome.ACCEPTED
+    assert state.snapshot().node("n1").topology == NODE
+
+
+def test_a_replayed_snapshot_is_ignored(state: ClusterState) -> None:
+    state.apply_snapshot(NODE, incarnation=5, sequence=2)
+    older = replace(NODE, problems=("old news",))
+    assert state.apply_snapshot(older, incarnation=5, sequence=2) is ReportOutcome.IGNORED
+    assert state.apply_snapshot(older, incarnation=5, sequence=1) is ReportOutcome.IGNORED
+    assert state.apply_snapshot(older, incarnation=4, sequence=99) is ReportOutcome.IGNORED
+    assert state.snapshot().node("n1").topology == NODE
+
+
+def test_a_restarted_exporter_wins_with_a_larger_incarnation(state: ClusterState) -> None:
+    state.apply_snapshot(NODE, incarnation=5, sequence=40)
+    newer = replace(NODE, problems=("rebooted",))
+    assert state.apply_snapshot(newer, incarnation=6, sequence=1) is ReportOutcome.ACCEPTED
+    assert state.snapshot().node("n1").topology.problems == ("rebooted",)
+
+
+def test_delta_applies_on_the_same_incarnation_only(state: ClusterState) -> None:
+    state.apply_snapshot(NODE, incarnation=5, sequence=1)
+    link = replace(NODE.links[0], health=LinkHealth.DEGRADED)
+    delta = NodeDelta(links=(link,))
+    assert state.apply_delta("n1", delta, incarnation=6, sequence=2) is ReportOutcome.RESYNC
+    assert state.apply_delta("n1", delta, incarnation=4, sequence=2) is ReportOutcome.IGNORED
+    assert state.apply_delta("n1", delta, incarnation=5, sequence=1) is ReportOutcome.IGNORED
+    assert state.apply_delta("n1", delta, incarnation=5, sequence=2) is ReportOutcome.ACCEPTED
+    assert state.snapshot().node("n1").topology.links[0].health is LinkHealth.DEGRADED
+
+
+def test_delta_for_an_unknown_node_asks_for_a_snapshot(state: ClusterState) -> None:
+    assert state.apply_delta("ghost", NodeDelta(), incarnation=1, sequence=1) is (
+        ReportOutcome.RESYNC
+    )
+
+
+def test_silent_nodes_go_stale_and_come_back(state: ClusterState, clock: Clock) -> None:
+    state.apply_snapshot(NODE, incarnation=5, sequence=1)
+    clock.now += 31
+    assert state.stale_nodes() == ["n1"]
+    assert not state.snapshot().node("n1").placeable
+    assert state.check_stale() == ["n1"]
+    assert state.heartbeat("n1", incarnation=5, sequence=2) is ReportOutcome.ACCEPTED
+    assert state.snapshot().node("n1").placeable
+
+
+def test_snapshot_is_cached_until_something_changes(state: ClusterState) -> None:
+    state.apply_snapshot(NODE, incarnation=5, sequence=1)
+    first = state.snapshot()
+    assert state.snapshot() is first
+    state.heartbeat("n1", incarnation=5, sequence=2)
+    assert state.snapshot() is first  # a heartbeat changes nothing
+    state.apply_snapshot(replace(NODE, problems=("x",)), incarnation=5, sequence=3)
+    assert state.snapshot() is not first
+
+
+def _reserve(state: ClusterState, gpus: int, ttl: float = 60) -> str:
+    result, _ = place(
+        state.snapshot(), request_from_mapping({"groups": [{"name": "g", "gpus_per_pod": gpus}]})
+    )
+    assert result.placed
+    return state.reserve(result, ttl_s=ttl).id
+
+
+def test_reserved_gpus_are_not_free(state: ClusterState) -> None:
+    state.apply_snapshot(NODE, incarnation=5, sequence=1)
+    _reserve(state, 3)
+    assert len(state.snapshot().node("n1").free) == 1
+
+
+def test_reservations_expire_and_commitments_do_not(state: ClusterState, clock: Clock) -> None:
+    state.apply_snapshot(NODE, incarnation=5, sequence=1)
+    kept = _reserve(state, 2, ttl=10)
+    dropped = _reserve(state, 2, ttl=10)
+    state.commit(kept, owner="ns/job")
+    clock.now += 11
+    state.heartbeat("n1", incarnation=5, sequence=2)
+    assert len(state.snapshot().node("n1").free) == 2
+    assert state.reservation(kept) is not None
+    with pytest.raises(ReservationError):
+        state.commit(dropped)
+    assert state.release(kept).gpu_count == 2
+    assert len(state.snapshot().node("n1").free) == 4
+
+
+def test_reserving_a_held_gpu_is_a_loud_error(state: ClusterState) -> None:
+    state.apply_snapshot(NODE, incarnation=5, sequence=1)
+    snap = state.snapshot()
+    result, _ = place(snap, request_from_mapping({"groups": [{"name": "g", "gpus_per_pod": 2}]}))
+    state.reserve(result, ttl_s=60)
+    with pytest.raises(ValueError, match="already held"):
+        state.reserve(result, ttl_s=60)
+
+
+def test_listeners_hear_changes(state: ClusterState) -> None:
+    heard: list[tuple[str, str]] = []
+    unsubscribe = state.subscribe(lambda kind, node: heard.append((kind, node)))
+    state.apply_snapshot(NODE, incarnation=5, sequence=1)
+    unsubscribe()
+    state.remove_node("n1")
+    assert heard == [("node", "n1")]
