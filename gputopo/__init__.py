@@ -1,0 +1,1 @@
+"""gputopo: makes GPU topology schedulable on Kubernetes."""

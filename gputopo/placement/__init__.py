@@ -1,0 +1,1 @@
+"""Placement engine and the baselines it is compared against."""
