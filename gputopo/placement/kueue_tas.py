@@ -113,6 +113,10 @@ class TasRequest:
             raise ValueError("slice_size: needs slice_level")
         if self.slice_size is not None and self.slice_size < 1:
             raise ValueError(f"slice_size: must be >= 1, got {self.slice_size}")
+        if self.slice_size is not None and self.pods % self.slice_size:
+            # Kueue's partial slices (tas_partial_slices.go) are not ported; without them the
+            # algorithm would silently place only the whole slices.
+            raise ValueError(f"pods: {self.pods} is not a multiple of slice_size {self.slice_size}")
         for name, value in self.per_pod.items():
             if value < 0:
                 raise ValueError(f"per_pod[{name!r}]: must be >= 0, got {value}")

@@ -634,6 +634,15 @@ CASES = [
     ),
     # --- this port's own edge cases and kept quirks -----------------------------------------
     Case(
+        "preferred rack climbs to the one block that holds all pods instead of mixing blocks",
+        THREE,
+        nodes(
+            THREE, "b1 r1 x1 : cpu=2 pods=10\nb1 r2 x2 : cpu=2 pods=10\nb2 r3 x3 : cpu=3 pods=10"
+        ),
+        req(4, "preferred", RACK, cpu=1),
+        want=h(x1=2, x2=2),
+    ),
+    Case(
         "above the slice level children of all chosen blocks are re-sorted together (Kueue quirk)",
         THREE,
         # Blocks get 8 + 2 pods, but racks are then taken for all 10 pods at once: b2's rack
@@ -868,6 +877,17 @@ def test_a_topology_can_be_reused_without_state_leaking_between_calls() -> None:
             "slice_size",
         ),
         ({"pods": 1, "per_pod": {"cpu": -1}, "mode": "required", "level": BLOCK}, "per_pod"),
+        (
+            {
+                "pods": 5,
+                "per_pod": {},
+                "mode": "required",
+                "level": BLOCK,
+                "slice_level": HOST,
+                "slice_size": 2,
+            },
+            "pods",
+        ),
     ],
     ids=[
         "negative pods",
@@ -877,6 +897,7 @@ def test_a_topology_can_be_reused_without_state_leaking_between_calls() -> None:
         "slice size without a slice level",
         "slice size of zero",
         "negative request",
+        "pods not a multiple of the slice size",
     ],
 )
 def test_invalid_request_names_the_field(kwargs: dict[str, object], field_name: str) -> None:
