@@ -231,3 +231,15 @@ def test_usage_of_accounts_for_every_placed_pod(s: Scenario) -> None:
     charged = topology.usage_of(got, s.request.per_pod)
     assert sum(u.get("pods", 0) for u in charged.values()) == s.request.pods
     assert set(charged) <= {n.name for n in s.nodes}
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenarios())
+def test_a_usage_snapshot_weighs_like_per_call_usage_and_leaves_its_origin_alone(
+    s: Scenario,
+) -> None:
+    topology = TasTopology(levels=s.levels, nodes=s.nodes)
+    before = topology.assign(s.request, balanced_placement=s.balanced)
+    snapshot = topology.with_usage(s.usage)
+    assert snapshot.assign(s.request, balanced_placement=s.balanced) == place(s)
+    assert topology.assign(s.request, balanced_placement=s.balanced) == before
