@@ -11,7 +11,8 @@ Phases:
 0. Tree (``tas_topology_tree.go``: ``newTopologyTree``, ``addNode``, ``initialize``; node filter
    ``pkg/util/tas``: ``NodeMatchesFlavor``). Nodes lacking any level label are left out. When the
    lowest level is ``kubernetes.io/hostname`` a leaf is one host; otherwise a leaf is a domain of
-   the innermost level and sums the capacity of its nodes. Built once by :class:`TasTopology`.
+   the innermost level and sums the capacity of its nodes. Built once by :class:`TasTopology`;
+   :meth:`TasTopology.with_usage` derives usage snapshots that share the tree.
 1. Counts (``fillInCounts``, ``fillLeafCounts``, ``fillInCountsHelper``). Per leaf, how many pods
    fit (``CountIn`` of the per-pod request plus one ``pods`` unit); summed up the tree. At the
    slice level ``sliceCount = podCount // sliceSize``, summed above it, zero below it.
@@ -177,12 +178,18 @@ def _go_quote(text: str) -> str:
 
 
 class TasTopology:
-    """The static domain tree of one topology (Kueue's ``topologyTree``), built once.
+    """The domain tree of one topology with each leaf's free capacity (Kueue's
+    ``topologyTree`` plus the snapshot's leaf capacities), built once and never mutated.
 
-    Building costs O(nodes x resources + D log D) for D domains; each :meth:`assign` then costs
-    O(leaves x resources + D log D) and allocates only per-call arrays, so one tree serves many
-    calls (with different per-call usage) and may be shared between threads. Balanced placement
-    additionally copies the candidate subtrees and runs Kueue's subset search over them.
+    Pass only nodes the PodSet may use: Ready, schedulable, tolerated, matching its selectors
+    (Kueue filters those before this algorithm). Building costs O(nodes x resources + D log D)
+    for D domains. :meth:`assign` costs O(leaves x requested resources + usage + D log D) and
+    allocates only per-call arrays, so one tree serves many calls and threads;
+    :meth:`with_usage` gives a new snapshot sharing the tree. Balanced placement additionally
+    copies the candidate subtrees and runs Kueue's subset search over them.
+
+    Without the hostname level a leaf sums its nodes, so Kueue (and this port) may place a pod
+    no single node of the leaf can hold; kube-scheduler then finds out.
     """
 
     __slots__ = (
@@ -268,10 +275,6 @@ class TasTopology:
             f"TasTopology(name={self.name!r}, levels={self.levels!r}, "
             f"leaves={len(self._leaves)}, domains={len(self._values)})"
         )
-
-    @property
-    def leaf_count(self) -> int:
-        return len(self._leaves)
 
     def nodes_of(self, values: Sequence[str]) -> tuple[str, ...]:
         """Names of the nodes behind one assignment domain (``TasDomain.values``)."""
@@ -493,8 +496,8 @@ class _Run:
         pods, slices, origin = self.pods, self.slices, self.origin
         if best_fit is None:
             best_fit = not self.least_free
-        # Decorate-sort-undecorate: no Python call per element. Paths are unique within a level,
-        # so the tuples never tie and `d` itself is never compared.
+        # Decorate-sort-undecorate: no Python call per element. Paths are unique within a
+        # level, so the trailing `d` never decides the order.
         if best_fit:
             keyed = sorted([(-slices[d], pods[d], origin[d], d) for d in domains])
         else:

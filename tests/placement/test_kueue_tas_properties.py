@@ -150,7 +150,7 @@ def place(s: Scenario) -> TasAssignment | TasFailure:
     return topology.assign(s.request, usage=s.usage, balanced_placement=s.balanced)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(scenarios())
 def test_places_exactly_the_pods_asked_for_and_never_overfills_a_leaf(s: Scenario) -> None:
     leaves = oracle_leaves(s)
@@ -170,7 +170,7 @@ def test_places_exactly_the_pods_asked_for_and_never_overfills_a_leaf(s: Scenari
         assert 0 < pods <= leaves[values].pods, f"{values}: {pods} > {leaves[values].pods}"
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(scenarios())
 def test_required_level_and_slices_are_honoured(s: Scenario) -> None:
     got = place(s)
@@ -193,7 +193,7 @@ def test_required_level_and_slices_are_honoured(s: Scenario) -> None:
             assert pods % req.slice_size == 0, f"{domain} holds a partial slice ({pods})"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(scenarios())
 def test_per_call_usage_and_node_usage_are_interchangeable(s: Scenario) -> None:
     """Usage given per call must weigh exactly like usage recorded on the nodes."""
@@ -209,7 +209,7 @@ def test_per_call_usage_and_node_usage_are_interchangeable(s: Scenario) -> None:
     assert once == place(s)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(scenarios(), scenarios())
 def test_a_shared_topology_answers_each_call_as_if_it_were_fresh(s: Scenario, t: Scenario) -> None:
     topology = TasTopology(levels=s.levels, nodes=s.nodes)
@@ -221,7 +221,7 @@ def test_a_shared_topology_answers_each_call_as_if_it_were_fresh(s: Scenario, t:
     assert again == first
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(scenarios())
 def test_usage_of_accounts_for_every_placed_pod(s: Scenario) -> None:
     topology = TasTopology(levels=s.levels, nodes=s.nodes)
@@ -233,7 +233,7 @@ def test_usage_of_accounts_for_every_placed_pod(s: Scenario) -> None:
     assert set(charged) <= {n.name for n in s.nodes}
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(scenarios())
 def test_a_usage_snapshot_weighs_like_per_call_usage_and_leaves_its_origin_alone(
     s: Scenario,
