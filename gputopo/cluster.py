@@ -105,7 +105,7 @@ class ClusterSnapshot:
     the snapshot never changes after construction, so they never go stale.
     """
 
-    __slots__ = ("__dict__", "_nodes", "generation")
+    __slots__ = ("__dict__", "__weakref__", "_nodes", "generation")
 
     def __init__(self, nodes: Iterable[NodeState], *, generation: int = 0) -> None:
         ordered = sorted(nodes, key=lambda n: n.name)

@@ -4,6 +4,7 @@ Policies are one-method protocols (`Policy.place(snapshot, request) -> Placement
 live side by side, so every comparison runs them on the same input:
 
 - `gputopo`: the cost-aware policy (`gputopo.placement.costaware`);
+- `kueue-bestfit`: Kueue's TAS assignment, faithfully ported (`gputopo.placement.kueue`);
 - `first-fit` and `default`: count-only baselines (`gputopo.placement.baselines`).
 
 `place()` is the one entry point: it validates the request, runs the named policy and times it.
@@ -18,6 +19,7 @@ from typing import Protocol
 from gputopo.cluster import ClusterSnapshot
 from gputopo.placement.baselines import DefaultPolicy, FirstFitPolicy
 from gputopo.placement.costaware import CostAwarePolicy
+from gputopo.placement.kueue import KueueBestFitPolicy
 from gputopo.placement.result import (
     EdgePrediction,
     GroupPrediction,
@@ -59,7 +61,7 @@ class UnknownPolicyError(ValueError):
 
 DEFAULT_POLICY = "gputopo"
 POLICIES: Mapping[str, Policy] = {
-    p.name: p for p in (CostAwarePolicy(), FirstFitPolicy(), DefaultPolicy())
+    p.name: p for p in (CostAwarePolicy(), KueueBestFitPolicy(), FirstFitPolicy(), DefaultPolicy())
 }
 
 
