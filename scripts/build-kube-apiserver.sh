@@ -38,9 +38,16 @@ readonly OPENAPI_EXCLUDE='^vendor/k8s.io/(code-generator|sample-apiserver)/'
 
 WORK_DIR=""
 SOURCE_VERSION=""
+STEP="starting"
 STARTED_AT=${SECONDS}
 
 say() { printf '[kube-apiserver] %s\n' "$*" >&2; }
+
+# A progress line that also names the step a failure report will blame.
+step() {
+  STEP="$1"
+  say "$1..."
+}
 
 die() {
   say "error: $*"
@@ -81,7 +88,7 @@ install_missing() {
     is_installed "${pkg}" || missing+=("${pkg}")
   done
   ((${#missing[@]} == 0)) && return 0
-  say "installing Debian packages: ${missing[*]}..."
+  step "installing Debian packages: ${missing[*]}"
   logged as_root apt-get update -q
   logged as_root env DEBIAN_FRONTEND=noninteractive \
     apt-get install -y -q --no-install-recommends "${missing[@]}"
@@ -119,7 +126,7 @@ EOF
 # because the tree's go.mod and vendor/modules.txt disagree under module mode.
 fetch_source() {
   local download="${WORK_DIR}/download" tree
-  say "fetching source (apt-get source kubernetes, about 35 MB)..."
+  step "fetching source (apt-get source kubernetes, about 35 MB)"
   mkdir -p "${download}" "${GOPATH}/src/k8s.io"
   (cd "${download}" && logged apt-get source -q kubernetes)
   tree=$(find "${download}" -mindepth 1 -maxdepth 1 -type d -name 'kubernetes-*')
@@ -162,7 +169,7 @@ openapi_input_dirs() (
 # does, or the build fails with `undefined: openapi.GetOpenAPIDefinitions`.
 generate_openapi() {
   local inputs
-  say "generating pkg/generated/openapi (openapi-gen)..."
+  step "generating pkg/generated/openapi (openapi-gen)"
   logged "${GO}" build -o "${WORK_DIR}/bin/openapi-gen" ./vendor/k8s.io/kube-openapi/cmd/openapi-gen
   inputs=$(openapi_input_dirs | sed 's|^|k8s.io/kubernetes/|' | paste -sd, -)
   [[ -n ${inputs} ]] || die "found no packages tagged for openapi-gen"
@@ -194,7 +201,7 @@ version_ldflags() {
 }
 
 build_binary() {
-  say "building (about 4 minutes on 2 cores, 1.5 GB of RAM and 2 GB of disk)..."
+  step "building (about 4 minutes on 2 cores, 1.5 GB of RAM and 2 GB of disk)"
   logged "${GO}" build -ldflags "$(version_ldflags)" -o "${WORK_DIR}/bin/kube-apiserver" \
     ./cmd/kube-apiserver
   "${WORK_DIR}/bin/kube-apiserver" --version | grep -qF "Kubernetes ${KUBE_VERSION}" ||
@@ -225,7 +232,7 @@ write_build_info() {
 on_exit() {
   local status=$?
   if ((status != 0)) && [[ -s ${LOG_FILE} ]]; then
-    say "FAILED after $((SECONDS - STARTED_AT)) s; last lines of the build log:"
+    say "FAILED while ${STEP%% (*} after $((SECONDS - STARTED_AT)) s; last lines of the log:"
     tail -n 30 "${LOG_FILE}" | sed 's/^/    /' >&2
     say "full log: ${LOG_FILE}"
   fi
