@@ -68,6 +68,8 @@ _LOOPBACK = "127.0.0.1"
 _PORT_ATTEMPTS = 3
 _POLL_INTERVAL_S = 0.1
 _STOP_TIMEOUT_S = 10.0
+# A kube-apiserver still waiting for etcd ignores SIGTERM; a failed start has nothing to save.
+_ABORT_TIMEOUT_S = 0.5
 _LOG_TAIL_LINES = 40
 
 
@@ -207,12 +209,12 @@ class KubeApiServer:
                 server._launch(_free_ports())
                 server._wait_ready(deadline)
             except KubeStartupError as error:
-                server.stop()
+                server.stop(timeout_s=_ABORT_TIMEOUT_S)
                 if not error.port_in_use or attempt == _PORT_ATTEMPTS:
                     raise
                 continue
             except BaseException:
-                server.stop()
+                server.stop(timeout_s=_ABORT_TIMEOUT_S)
                 raise
             break
         server.startup_s = time.monotonic() - began
