@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from tests.harness import kube as kube_module
 from tests.harness.kube import (
     BINARY_ENV,
     BUILD_SCRIPT,
@@ -301,6 +303,23 @@ def test_missing_binary_names_the_build_script(
 def test_start_up_failure_reports_the_server_log(tmp_path: Path) -> None:
     with pytest.raises(KubeStartupError, match="unknown flag: --no-such-flag"):
         KubeApiServer.start(workdir=tmp_path, extra_args=["--no-such-flag"], ready_timeout_s=20)
+
+
+def test_a_port_taken_before_start_is_retried_with_new_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        fresh = iter([kube_module._Ports(taken, taken + 1, taken + 2), kube_module._free_ports()])
+        monkeypatch.setattr(kube_module, "_free_ports", lambda: next(fresh))
+
+        with KubeApiServer.start(workdir=tmp_path) as kube:
+            assert next(fresh, None) is None, "start() did not retry with new ports"
+            assert not kube.host.endswith(f":{taken + 2}")
+            with kube.json_session() as session:
+                assert session.request("GET", "/readyz").status == 200
 
 
 @pytest.fixture
