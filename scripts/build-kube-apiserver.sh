@@ -278,7 +278,10 @@ main() {
   mkdir -p "${CACHE_DIR}"
   # One build at a time per cache; a waiting run then finds the binary the first one built.
   exec 9>"${CACHE_DIR}/.build-kube-apiserver.lock"
-  flock 9
+  if ! flock -n 9; then
+    say "another build into ${CACHE_DIR} is running; waiting for it..."
+    flock 9
+  fi
   trap on_exit EXIT
   : >"${LOG_FILE}"
   if binary_works; then
