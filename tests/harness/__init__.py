@@ -1,0 +1,1 @@
+"""Test infrastructure: a real kube-apiserver and etcd on loopback for tests marked `kube`."""
