@@ -190,7 +190,7 @@ def _print_result(
         f"      placed by {resp.policy} in {resp.decision_seconds * 1e3:.1f} ms, reservation {rid}",
         file=out,
     )
-    rows = [("GROUP", "REPLICA", "POD", "NODE", "GPUS", "NICS")]
+    rows: list[tuple[str, ...]] = [("GROUP", "REPLICA", "POD", "NODE", "GPUS", "NICS")]
     for a in resp.assignments:
         rows.append(
             (
@@ -198,21 +198,21 @@ def _print_result(
                 str(a.replica),
                 str(a.pod),
                 a.node,
-                ",".join(str(g) for g in a.gpus),
+                ",".join(str(i) for i in a.gpus),
                 _compress(list(a.nics)) or "-",
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
         print(
-            "      " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(),
+            "      " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(),
             file=out,
         )
-    for g in resp.predicted.groups:
-        span = ppb.Scope.Name(g.span).removeprefix("SCOPE_").lower()
+    for gp in resp.predicted.groups:
+        span = ppb.Scope.Name(gp.span).removeprefix("SCOPE_").lower()
         print(
-            f"      predicted {g.group}: bus bandwidth {g.bus_gbps:.0f} GB/s, one all-reduce "
-            f"{g.collective_seconds * 1e3:.2f} ms, bottleneck {g.bottleneck}, within one "
+            f"      predicted {gp.group}: bus bandwidth {gp.bus_gbps:.0f} GB/s, one all-reduce "
+            f"{gp.collective_seconds * 1e3:.2f} ms, bottleneck {gp.bottleneck}, within one "
             f"{span}",
             file=out,
         )

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -323,7 +323,7 @@ def test_a_port_taken_before_start_is_retried_with_new_ones(
 
 
 @pytest.fixture
-def orphan_probe(tmp_path: Path) -> Iterator[Path]:
+def orphan_probe(tmp_path: Path) -> Path:
     """A Python process that starts a server, prints its pids and waits to be killed."""
     script = tmp_path / "probe.py"
     script.write_text(
@@ -334,7 +334,7 @@ def orphan_probe(tmp_path: Path) -> Iterator[Path]:
         "print(json.dumps(kube.pids), flush=True)\n"
         "time.sleep(600)\n"
     )
-    yield script
+    return script
 
 
 def test_servers_die_with_a_killed_test_process(orphan_probe: Path, tmp_path: Path) -> None:
