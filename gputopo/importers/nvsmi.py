@@ -59,6 +59,7 @@ __all__ = [
     "MAX_NVLINKS_PER_GPU",
     "MatrixRow",
     "TopoMatrix",
+    "gpu_nvlink_lanes",
     "on_nvswitch",
     "parse_topo_matrix",
     "read_topo_matrix",
@@ -144,9 +145,7 @@ def parse_topo_matrix(text: str, *, node_name: str = "imported") -> NodeTopology
         else lk
         for lk in links
     ]
-    gpus = [
-        replace(g, nvlink_lanes=_nvlink_lanes(links, g.index, g.index in switched)) for g in gpus
-    ]
+    gpus = [replace(g, nvlink_lanes=gpu_nvlink_lanes(links, g.index)) for g in gpus]
     topology = NodeTopology(
         name=node_name,
         gpus=tuple(gpus),
@@ -290,12 +289,12 @@ def on_nvswitch(links: Iterable[Link], gpu_count: int) -> frozenset[int]:
     return frozenset(i for i, total in enumerate(totals) if total > MAX_NVLINKS_PER_GPU)
 
 
-def _nvlink_lanes(links: Iterable[Link], index: int, switched: bool) -> int:
-    """A GPU's active NVLinks: the links into the switch, or the sum of its direct links."""
-    lanes = [
-        lk.lanes for lk in links if lk.kind is LinkKind.NVLINK and index in (lk.a.index, lk.b.index)
-    ]
-    return max(lanes, default=0) if switched else sum(lanes)
+def gpu_nvlink_lanes(links: Iterable[Link], index: int) -> int:
+    """A GPU's active NVLinks: its links into the switch (the same links serve every switched
+    peer, so they count once) plus its direct links."""
+    mine = [lk for lk in links if lk.kind is LinkKind.NVLINK and index in (lk.a.index, lk.b.index)]
+    switch = max((lk.lanes for lk in mine if lk.via_switch), default=0)
+    return switch + sum(lk.lanes for lk in mine if not lk.via_switch)
 
 
 def _nics(matrix: TopoMatrix, problems: list[str]) -> list[Nic]:

@@ -242,8 +242,13 @@ def _read_row(
         line=number,
         cells=tuple(cells[:width]),
         attributes=tuple(cells[width:]),
-        cut=len(cells) < width + len(attributes) and cut_allowed,
+        # NIC rows print no attribute values, so a NIC row is complete with its device cells.
+        cut=cut_allowed and len(cells) < width + (len(attributes) if _is_gpu(label) else 0),
     )
+
+
+def _is_gpu(column: str) -> bool:
+    return _GPU_COLUMN.match(column) is not None
 
 
 def _read_nic_legend(lines: list[str]) -> dict[str, str]:

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from gputopo.bandwidth import NVLINK_GBPS_PER_LANE
 from gputopo.importers import import_topology
-from gputopo.importers.nvsmi import with_numa_completed
+from gputopo.importers.nvsmi import gpu_nvlink_lanes, with_numa_completed
 from gputopo.links import LinkKind
 from gputopo.machines.evidence import read_allreduce, read_nvlink_status
 from gputopo.machines.profile import (
@@ -173,8 +173,8 @@ def _tidy(topology: NodeTopology, profile: Profile) -> NodeTopology:
     gpus = tuple(
         replace(
             g,
-            nvlink_lanes=_nvlink_lanes(links, g.index),
-            nvlink_max_lanes=_nvlink_lanes(links, g.index),
+            nvlink_lanes=gpu_nvlink_lanes(links, g.index),
+            nvlink_max_lanes=gpu_nvlink_lanes(links, g.index),
             pcie_max_generation=g.pcie_generation,
             pcie_max_width=g.pcie_width,
         )
@@ -192,13 +192,6 @@ def _tidy(topology: NodeTopology, profile: Profile) -> NodeTopology:
             problems=gaps,
         )
     )
-
-
-def _nvlink_lanes(links: tuple[Link, ...], index: int) -> int:
-    """Links into the switch (counted once) plus direct links."""
-    mine = [lk for lk in links if lk.kind is LinkKind.NVLINK and index in (lk.a.index, lk.b.index)]
-    switch = max((lk.lanes for lk in mine if lk.via_switch), default=0)
-    return switch + sum(lk.lanes for lk in mine if not lk.via_switch)
 
 
 def _gaps(topology: NodeTopology) -> tuple[str, ...]:

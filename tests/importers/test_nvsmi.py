@@ -336,6 +336,14 @@ def test_an_unknown_nic_legend_keeps_nic_names_and_says_so() -> None:
     assert not topology.partial
 
 
+@pytest.mark.parametrize("recording", COMPLETE)
+def test_a_paste_that_stops_right_after_the_matrix_is_complete(recording: str) -> None:
+    matrix_only = read_recording(recording).split("Legend:")[0].rstrip() + "\n"
+    topology = parse_topo_matrix(matrix_only)
+    assert not topology.partial, topology.problems
+    assert topology.links == parse_topo_matrix(read_recording(recording)).links
+
+
 def test_the_p2p_block_after_the_legend_is_ignored() -> None:
     text = read_recording("nvsmi_topo_workstation_2x_rtx5090_phb.txt")
     assert "GNS" in text
