@@ -27,7 +27,7 @@ def detect_format(text: str) -> RecordingFormat:
         raise TopologyImportError(
             "the input is empty: expected `nvidia-smi topo -m` output or NCCL topology XML"
         )
-    return "nccl-xml" if text.lstrip().startswith("<") else "nvidia-smi"
+    return "nccl-xml" if text.removeprefix("\ufeff").lstrip().startswith("<") else "nvidia-smi"
 
 
 def import_topology(

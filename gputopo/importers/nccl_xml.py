@@ -107,7 +107,7 @@ def parse_nccl_topology(
     """
     root = _parse_xml(text)
     walk = _Walk(assume={k.lower(): v for k, v in (assume_classes or {}).items()})
-    for index, element in enumerate(root.iter("cpu")):
+    for index, element in enumerate(root.findall("cpu")):
         walk.cpus.append(_read_cpu(element, index, walk.problems))
         _walk_children(element, len(walk.cpus) - 1, (), walk)
     if not walk.cpus:
@@ -167,7 +167,7 @@ def _parse_xml(text: str) -> ET.Element:
             line=text.count("\n", 0, declaration.start()) + 1,
         )
     try:
-        root = ET.fromstring(text)
+        root = ET.fromstring(text.removeprefix("\ufeff"))
     except ET.ParseError as error:
         line, column = error.position
         reason = str(error).split(":")[0]

@@ -123,7 +123,8 @@ def read_topo_matrix(text: str) -> TopoMatrix:
     block after it is ignored. A row with too few cells is an error unless it is the last line
     of the input (a cut paste), which is kept and marked `cut`.
     """
-    lines = [line.rstrip("\r") for line in text.split("\n")]
+    # Pastes saved on Windows bring a byte order mark and CR line ends.
+    lines = [line.rstrip("\r") for line in text.removeprefix("\ufeff").split("\n")]
     header_at = _find_header(lines)
     columns, attributes = _read_header(lines[header_at], header_at + 1)
     last_content = max(i for i, line in enumerate(lines) if line.strip())

@@ -359,6 +359,15 @@ def test_import_topology_detects_the_format_and_dispatches(
     assert topology.gpu_count > 0
 
 
+@pytest.mark.parametrize(
+    "recording", ["nccl_topo_xml_azure_ndv5.xml", "nvsmi_topo_hgx_a100_sxm4_80gb_8nic_roce.txt"]
+)
+def test_a_file_saved_on_windows_imports_like_the_original(recording: str) -> None:
+    text = read_recording(recording)
+    windows = "\ufeff" + text.replace("\n", "\r\n")
+    assert import_topology(windows, node_name="n") == import_topology(text, node_name="n")
+
+
 def test_import_topology_of_nothing_says_what_it_expected() -> None:
     with pytest.raises(TopologyImportError, match="expected `nvidia-smi topo -m` output or NCCL"):
         import_topology("  \n", node_name="n")
