@@ -34,6 +34,7 @@ __all__ = [
     "ProfileError",
     "ProfileSummary",
     "describe_profiles",
+    "gpu_uuid",
     "load_machine",
     "load_profile",
     "read_recording",
