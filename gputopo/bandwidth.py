@@ -4,7 +4,7 @@ Units everywhere in gputopo: bandwidth in GB/s (10^9 bytes per second) **per dir
 in microseconds. Vendors quote NVLink bidirectionally ("900 GB/s" for H100); we store half of that
 (450), which is what one copy in one direction can reach at line rate.
 
-Sources (see the project's docs/bandwidth.md for the full list):
+Sources:
 - NVLink per link per direction: 20 GB/s for NVLink 1 (P100), 25 GB/s for NVLink 2-4
   (V100, A100: 12 links = 300 GB/s/dir; H100: 18 links = 450 GB/s/dir), 50 GB/s for NVLink 5
   (B200/GB200: 18 links = 900 GB/s/dir). `nvidia-smi nvlink -s` shows 25 GB/s per A100 link.

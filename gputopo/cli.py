@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -65,7 +66,8 @@ def _aggregator(args: argparse.Namespace) -> int:
 def _machines(args: argparse.Namespace) -> int:
     from gputopo.machines import describe_profiles
 
-    print(describe_profiles())
+    for profile in describe_profiles():
+        print(profile.line())
     return 0
 
 
@@ -127,3 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`gputopo demo --json | head`): stop quietly, like other CLIs.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1

@@ -25,11 +25,12 @@ import grpc
 from google.protobuf import json_format
 
 from aggregator.server import Aggregator, AggregatorConfig
+from aggregator.state import Reservation
 from exporter.simulate import SimulatedExporters
 from gputopo.codec import request_to_proto
-from gputopo.machines import load_machine
+from gputopo.machines import load_machine, with_gpu_fabric
 from gputopo.request import PlacementRequest, request_from_mapping
-from gputopo.topology import FabricPosition, FabricState, GpuFabric, NodeTopology
+from gputopo.topology import FabricPosition, NodeTopology
 from gputopo.v1 import placement_pb2 as ppb
 from gputopo.v1 import placement_pb2_grpc as pgrpc
 
@@ -51,7 +52,7 @@ class _Rack:
 # A small cluster, two spines, four leaves. The NVL72 rack is 18 GB200 trays of 4 GPUs.
 _RACKS = (
     _Rack("h100", "dgx-h100", 6, "leaf-1", "spine-1"),
-    _Rack("a100", "hgx-a100-roce", 4, "leaf-2", "spine-1"),
+    _Rack("a100", "hgx-a100-roce", 5, "leaf-2", "spine-1"),
     _Rack("pcie", "pcie-h100-nvlbridge-8x", 2, "leaf-3", "spine-2"),
     _Rack(
         "gb200",
@@ -63,6 +64,15 @@ _RACKS = (
     ),
 )
 _CORE = "core-1"
+
+# Work already running when the demo starts (GPU indices per node): a 36-GPU job fills half of
+# the NVL72 rack, and two smaller jobs hold half of an A100 node and of a PCIe server. A real
+# cluster is never empty, and these leftovers are where count-only policies go wrong.
+EXISTING_WORK: dict[str, dict[str, tuple[int, ...]]] = {
+    "nvl-train": {f"gb200-{i:02}": (0, 1, 2, 3) for i in range(1, 10)},
+    "notebook-a": {"a100-02": (0, 1, 2, 3)},
+    "notebook-b": {"pcie-02": (4, 5, 6, 7)},
+}
 
 DEMO_REQUESTS: tuple[tuple[str, dict[str, Any]], ...] = (
     (
@@ -127,12 +137,10 @@ def demo_nodes() -> list[NodeTopology]:
                 source="inventory",
                 confidence="high",
             )
-            gpus = topo.gpus
             if rack.nvl_domain:
                 # What NVML reports on an NVL72 tray once Fabric Manager registered it.
-                info = GpuFabric(rack.nvl_domain, 32766, FabricState.COMPLETED)
-                gpus = tuple(replace(g, fabric=info) for g in gpus)
-            nodes.append(replace(topo, fabric=fabric, gpus=gpus))
+                topo = with_gpu_fabric(topo, cluster_uuid=rack.nvl_domain, clique_id=32766)
+            nodes.append(replace(topo, fabric=fabric))
     return nodes
 
 
@@ -146,9 +154,15 @@ def _gib(size: int) -> str:
 
 
 def _compress(names: Sequence[str]) -> str:
-    if len(names) <= 2:
+    """Short list of names: all of them up to four, else a count and the first and last."""
+    if len(names) <= 4:
         return ",".join(names)
-    return f"{names[0]}..{names[-1]}"
+    return f"{len(names)} x ({names[0]} .. {names[-1]})"
+
+
+def _span(names: Sequence[str]) -> str:
+    """NIC0,NIC1 or NIC0..NIC7."""
+    return ",".join(names) if len(names) <= 2 else f"{names[0]}..{names[-1]}"
 
 
 def _describe(resp: ppb.PlaceResponse) -> str:
@@ -173,11 +187,13 @@ def _print_result(
     baselines: dict[str, ppb.PlaceResponse],
 ) -> None:
     print(f"\n[{index}/{len(DEMO_REQUESTS)}] {title}", file=out)
+    if req.scope.required is not None:
+        print(f"      whole request: required scope {req.scope.required.name.lower()}", file=out)
     for g in req.groups:
-        scope = g.scope.required.name.lower() if g.scope.required else "-"
+        scope = f", required scope {g.scope.required.name.lower()}" if g.scope.required else ""
         print(
             f"      group {g.name}: {g.replicas} x ({g.pods} pod x {g.gpus_per_pod} GPUs), "
-            f"{g.pattern.value} of {_gib(g.message_bytes)}, required scope {scope}",
+            f"{g.pattern.value} of {_gib(g.message_bytes)}{scope}",
             file=out,
         )
     if not resp.placed:
@@ -199,7 +215,7 @@ def _print_result(
                 str(a.pod),
                 a.node,
                 ",".join(str(i) for i in a.gpus),
-                _compress(list(a.nics)) or "-",
+                _span(list(a.nics)) or "-",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -231,7 +247,7 @@ async def run_demo(*, out: TextIO, as_json: bool) -> int:
     started = time.perf_counter()
     nodes = demo_nodes()
     gpus = sum(n.gpu_count for n in nodes)
-    log = sys.stderr
+    log = sys.stderr if as_json else out
     agg = Aggregator(AggregatorConfig())
     await agg.start()
     report: dict[str, Any] = {
@@ -248,10 +264,21 @@ async def run_demo(*, out: TextIO, as_json: bool) -> int:
         )
         async with SimulatedExporters(nodes, target=agg.grpc_target) as sim:
             await sim.wait_acked(timeout_s=30)
+            agg.state.restore(
+                Reservation(
+                    id=f"existing-{job}",
+                    gpus={n: frozenset(g) for n, g in held.items()},
+                    expires_at=None,
+                    owner=f"existing/{job}",
+                    job=job,
+                )
+                for job, held in EXISTING_WORK.items()
+            )
             snapshot = agg.state.snapshot()
             print(
                 f"all {len(snapshot.nodes)} nodes reported in "
-                f"{time.perf_counter() - started:.1f} s",
+                f"{time.perf_counter() - started:.1f} s; {gpus - snapshot.free_gpus} GPUs are "
+                f"busy with {len(EXISTING_WORK)} jobs already running",
                 file=log,
             )
             async with grpc.aio.insecure_channel(agg.grpc_target) as channel:
