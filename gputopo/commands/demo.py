@@ -1,0 +1,19 @@
+"""`gputopo demo`: the local demo cluster."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "run a local demo cluster with simulated GPU nodes, real gRPC and real placement"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of the command."""
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo."""
+    from gputopo.demo import main
+
+    return main(as_json=args.json)
