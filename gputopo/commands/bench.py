@@ -1,0 +1,27 @@
+"""`gputopo bench NAME`: run one of the benchmarks in `gputopo.benchmarks`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+
+from gputopo import benchmarks
+
+HELP = "run a benchmark and print its figures (JSON with --json)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One sub-command per benchmark module."""
+    sub = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    for info in sorted(pkgutil.iter_modules(benchmarks.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{benchmarks.__name__}.{info.name}")
+        cmd = sub.add_parser(info.name.replace("_", "-"), help=module.HELP, description=module.HELP)
+        module.add_arguments(cmd)
+        cmd.set_defaults(bench=module.run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen benchmark."""
+    result: int = args.bench(args)
+    return result
