@@ -1,0 +1,476 @@
+"""The NVML adapter: the only module that imports `pynvml` (an import-linter contract says so).
+
+`Nvml` makes every NVML call discovery needs and returns a plain `NvmlReading`. It talks to an
+`NvmlLibrary`: the real `pynvml` module by default, or a fake machine (`exporter.fake_nvml`) that
+answers the same calls with the same types and raises the same `NVMLError` subclasses, so the
+code below runs unchanged against both.
+
+Rules the calls follow, and why:
+
+1. An NVML error degrades the one field it was about, never the agent: the field stays unknown
+   and `problems` gets a line naming the GPU, the call and NVML's message. `NotSupported` is an
+   answer, not a problem, for optional features (NVLink on a PCIe card, fabric info off GB200).
+2. NVSwitch is recognised by `nvmlDeviceGetNvLinkRemoteDeviceType`, not by comparing PCI
+   addresses: go-gpuallocator counts a pair's NVLinks by matching the far end's bus id with the
+   peer's, which finds nothing on NVSwitch systems, where every link ends at a switch. Only
+   drivers too old to have that call fall back to the addresses (a far end that is a GPU of this
+   node is a GPU; another NVIDIA device is taken for a switch).
+3. `NVML_P2P_CAPS_INDEX_READ` is `(0,)` in the wheel (a stray trailing comma), so the index is
+   passed as the literal 0.
+4. The calls block; the agent runs `read()` in a worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import pynvml
+
+from exporter.readings import (
+    NVLINK_ERROR_COUNTERS,
+    FabricReading,
+    GpuActivity,
+    GpuReading,
+    NvLinkReading,
+    NvmlReading,
+    P2pStatus,
+    PairReading,
+    RemoteType,
+    normalise_bus_id,
+)
+from gputopo.importers._lists import format_cpulist
+from gputopo.topology import NvmlStatus
+
+__all__ = [
+    "ERROR_CODES",
+    "NVLINK_MAX_LINKS",
+    "NVMLError",
+    "Nvml",
+    "NvmlLibrary",
+    "fabric_info_struct",
+    "memory_struct",
+    "nvml_error",
+    "pci_info_struct",
+    "utilization_struct",
+]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+NVMLError: type[Exception] = pynvml.NVMLError
+NVLINK_MAX_LINKS: int = pynvml.NVML_NVLINK_MAX_LINKS
+
+# The NVML return codes the fake and the rules below use, by name.
+ERROR_CODES: dict[str, int] = {
+    "UNINITIALIZED": pynvml.NVML_ERROR_UNINITIALIZED,
+    "INVALID_ARGUMENT": pynvml.NVML_ERROR_INVALID_ARGUMENT,
+    "NOT_SUPPORTED": pynvml.NVML_ERROR_NOT_SUPPORTED,
+    "NO_PERMISSION": pynvml.NVML_ERROR_NO_PERMISSION,
+    "NOT_FOUND": pynvml.NVML_ERROR_NOT_FOUND,
+    "DRIVER_NOT_LOADED": pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+    "LIBRARY_NOT_FOUND": pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+    "FUNCTION_NOT_FOUND": pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+    "GPU_IS_LOST": pynvml.NVML_ERROR_GPU_IS_LOST,
+    "UNKNOWN": pynvml.NVML_ERROR_UNKNOWN,
+}
+_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+_INVALID_ARGUMENT = pynvml.NVML_ERROR_INVALID_ARGUMENT
+_FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+# An optional feature the GPU or driver lacks: an answer, not a problem.
+_ABSENT = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND})
+_P2P_READ = 0  # NVML_P2P_CAPS_INDEX_READ, which the wheel defines as the tuple (0,)
+_AFFINITY_SCOPE_NODE = pynvml.NVML_AFFINITY_SCOPE_NODE
+_FABRIC_STATE_NOT_SUPPORTED = pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+_MIB = 1024 * 1024
+
+_INIT_REASONS = {
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: (
+        "NVML library libnvidia-ml.so.1 not found: no NVIDIA driver on this node, or the "
+        "container was started without the NVIDIA runtime"
+    ),
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded",
+    pynvml.NVML_ERROR_NO_PERMISSION: "no permission to open the NVIDIA devices (/dev/nvidia*)",
+    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: (
+        "NVML and the kernel driver are of different versions (driver upgraded without reboot?)"
+    ),
+}
+
+
+class NvmlLibrary(Protocol):
+    """The part of pynvml's API gputopo calls (names and argument order as in pynvml)."""
+
+    def nvmlInit(self) -> None: ...  # noqa: N802 - pynvml's names
+    def nvmlShutdown(self) -> None: ...  # noqa: N802
+    def nvmlSystemGetDriverVersion(self) -> str: ...  # noqa: N802
+    def nvmlSystemGetCudaDriverVersion(self) -> int: ...  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int: ...  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int, /) -> Any: ...  # noqa: N802
+    def nvmlDeviceGetUUID(self, handle: Any, /) -> str: ...  # noqa: N802
+    def nvmlDeviceGetName(self, handle: Any, /) -> str: ...  # noqa: N802
+    def nvmlDeviceGetPciInfo(self, handle: Any, /) -> Any: ...  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, /) -> Any: ...  # noqa: N802
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Any, /) -> tuple[int, int]: ...  # noqa: N802
+    def nvmlDeviceGetMemoryAffinity(  # noqa: N802
+        self, handle: Any, node_set_size: int, scope: int, /
+    ) -> Sequence[int]: ...
+    def nvmlDeviceGetCpuAffinity(self, handle: Any, cpu_set_size: int, /) -> Sequence[int]: ...  # noqa: N802
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any, /) -> int: ...  # noqa: N802
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any, /) -> int: ...  # noqa: N802
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any, /) -> int: ...  # noqa: N802
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any, /) -> int: ...  # noqa: N802
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: Any, b: Any, /) -> int: ...  # noqa: N802
+    def nvmlDeviceGetP2PStatus(self, a: Any, b: Any, index: int, /) -> int: ...  # noqa: N802
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int, /) -> int: ...  # noqa: N802
+    def nvmlDeviceGetNvLinkVersion(self, handle: Any, link: int, /) -> int: ...  # noqa: N802
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Any, link: int, /) -> Any: ...  # noqa: N802
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int, /) -> int: ...  # noqa: N802
+    def nvmlDeviceGetNvLinkErrorCounter(  # noqa: N802
+        self, handle: Any, link: int, counter: int, /
+    ) -> int: ...
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, info: Any, /) -> int: ...  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, handle: Any, /) -> Any: ...  # noqa: N802
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any, /) -> list[Any]: ...  # noqa: N802
+
+
+def nvml_error(name: str) -> Exception:
+    """The `NVMLError` subclass pynvml raises for a return code, by name (`"NOT_SUPPORTED"`)."""
+    error: Exception = pynvml.NVMLError(ERROR_CODES[name])
+    return error
+
+
+def pci_info_struct(*, bus_id: str, device_id: int = 0) -> Any:
+    """An `nvmlPciInfo_t` as NVML fills it (bus id with an 8-digit domain)."""
+    domain, bus, devfn = normalise_bus_id(bus_id).split(":")
+    device, function = devfn.split(".")
+    info = pynvml.nvmlPciInfo_t()
+    long_id = f"{int(domain, 16):08X}:{bus.upper()}:{device.upper()}.{function}"
+    info.busId = long_id.encode()
+    info.busIdLegacy = long_id.encode()
+    info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(device, 16)
+    info.pciDeviceId = device_id
+    return info
+
+
+def memory_struct(*, total_bytes: int) -> Any:
+    """A `c_nvmlMemory_t` with nothing used."""
+    memory = pynvml.c_nvmlMemory_t()
+    memory.total, memory.free, memory.used = total_bytes, total_bytes, 0
+    return memory
+
+
+def utilization_struct(*, gpu_percent: int, memory_percent: int = 0) -> Any:
+    """A `c_nvmlUtilization_t`."""
+    util = pynvml.c_nvmlUtilization_t()
+    util.gpu, util.memory = gpu_percent, memory_percent
+    return util
+
+
+def fabric_info_struct() -> Any:
+    """An empty `c_nvmlGpuFabricInfoV_t` (version set), as callers pass it to be filled."""
+    return pynvml.c_nvmlGpuFabricInfoV_t()
+
+
+class _Calls:
+    """Makes NVML calls that degrade: an error becomes None and, unless expected, a problem."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+        self.errors = 0
+
+    def get(
+        self,
+        what: str,
+        call: Callable[..., T],
+        *args: object,
+        absent: frozenset[int] | None = _ABSENT,
+    ) -> T | None:
+        """`call(*args)`, or None when NVML fails; `absent=None` expects any error."""
+        try:
+            return call(*args)
+        except pynvml.NVMLError as error:
+            if absent is not None and error.value not in absent:
+                self.errors += 1
+                self.problems.append(f"{what}: {error}")
+            return None
+
+
+class Nvml:
+    """Reads a node's GPUs through NVML (see the module docstring).
+
+    `open()` initialises NVML and says whether it is up; `read()` opens it first when needed,
+    so a driver installed after the agent started is picked up on the next pass. Thread-safe:
+    one read at a time.
+    """
+
+    def __init__(
+        self, library: NvmlLibrary | None = None, *, cpu_set_words: int | None = None
+    ) -> None:
+        self._lib: NvmlLibrary = library if library is not None else pynvml
+        # Words of 64 CPUs for the affinity masks: enough for every CPU of this machine.
+        self._cpu_words = cpu_set_words or max(16, -(-(os.cpu_count() or 1) // 64))
+        self._lock = threading.Lock()
+        self._up = False
+        self._status = NvmlStatus(up=False, reason="NVML not opened yet")
+
+    @property
+    def status(self) -> NvmlStatus:
+        """What the last open said."""
+        return self._status
+
+    def open(self) -> NvmlStatus:
+        """Initialise NVML if it is not up; never raises."""
+        with self._lock:
+            return self._open()
+
+    def _open(self) -> NvmlStatus:
+        if self._up:
+            return self._status
+        try:
+            self._lib.nvmlInit()
+        except pynvml.NVMLError as error:
+            reason = _INIT_REASONS.get(error.value, f"nvmlInit failed: {error}")
+            self._status = NvmlStatus(up=False, reason=reason)
+            return self._status
+        except OSError as error:  # a broken libnvidia-ml.so that cannot be loaded
+            self._status = NvmlStatus(up=False, reason=f"cannot load NVML: {error}")
+            return self._status
+        self._up = True
+        calls = _Calls()
+        driver = calls.get("nvmlSystemGetDriverVersion", self._lib.nvmlSystemGetDriverVersion)
+        cuda = calls.get("nvmlSystemGetCudaDriverVersion", self._lib.nvmlSystemGetCudaDriverVersion)
+        self._status = NvmlStatus(
+            up=True,
+            driver_version=driver or "",
+            cuda_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else "",
+        )
+        return self._status
+
+    def close(self) -> None:
+        """Shut NVML down if it is up."""
+        with self._lock:
+            if self._up:
+                _Calls().get("nvmlShutdown", self._lib.nvmlShutdown)
+                self._up = False
+                self._status = NvmlStatus(up=False, reason="NVML closed")
+
+    def read(self) -> NvmlReading:
+        """One pass over every GPU and GPU pair."""
+        with self._lock:
+            status = self._open()
+            if not status.up:
+                return NvmlReading(status=status)
+            calls = _Calls()
+            count = calls.get("nvmlDeviceGetCount", self._lib.nvmlDeviceGetCount) or 0
+            handles: dict[int, Any] = {}
+            for index in range(count):
+                handle = calls.get(
+                    f"GPU{index} nvmlDeviceGetHandleByIndex",
+                    self._lib.nvmlDeviceGetHandleByIndex,
+                    index,
+                    absent=frozenset(),
+                )
+                if handle is not None:
+                    handles[index] = handle
+            # A GPU NVML cannot open stays in the list (its index is its identity), unknown.
+            gpus = tuple(
+                self._gpu(index, handles[index], calls) if index in handles else GpuReading(index)
+                for index in range(count)
+            )
+            pairs = tuple(
+                self._pair(a, b, handles[a], handles[b], calls)
+                for a in handles
+                for b in handles
+                if a < b
+            )
+            return NvmlReading(
+                status=status,
+                gpus=gpus,
+                pairs=pairs,
+                problems=tuple(calls.problems),
+                errors=calls.errors,
+            )
+
+    def activity(self) -> tuple[GpuActivity, ...]:
+        """Utilisation and compute processes of every GPU; empty when NVML is down."""
+        with self._lock:
+            if not self._open().up:
+                return ()
+            calls = _Calls()
+            found = []
+            for index in range(calls.get("count", self._lib.nvmlDeviceGetCount) or 0):
+                handle = calls.get("handle", self._lib.nvmlDeviceGetHandleByIndex, index)
+                if handle is None:
+                    continue
+                util = calls.get("util", self._lib.nvmlDeviceGetUtilizationRates, handle)
+                procs = calls.get("procs", self._lib.nvmlDeviceGetComputeRunningProcesses, handle)
+                found.append(
+                    GpuActivity(
+                        index=index,
+                        utilization_percent=None if util is None else int(util.gpu),
+                        processes=None if procs is None else len(procs),
+                    )
+                )
+            return tuple(found)
+
+    # --- one GPU --------------------------------------------------------------------------
+
+    def _gpu(self, index: int, handle: Any, calls: _Calls) -> GpuReading:
+        lib = self._lib
+        me = f"GPU{index}"
+
+        def get(name: str, *args: object, absent: frozenset[int] | None = _ABSENT) -> Any:
+            return calls.get(f"{me} {name}", getattr(lib, name), handle, *args, absent=absent)
+
+        essential = frozenset[int]()
+        pci = get("nvmlDeviceGetPciInfo", absent=essential)
+        memory = get("nvmlDeviceGetMemoryInfo", absent=essential)
+        capability = get("nvmlDeviceGetCudaComputeCapability")
+        numa_mask = get("nvmlDeviceGetMemoryAffinity", 4, _AFFINITY_SCOPE_NODE)
+        cpu_mask = get("nvmlDeviceGetCpuAffinity", self._cpu_words)
+        util = get("nvmlDeviceGetUtilizationRates")
+        numa_nodes = _bits(numa_mask) if numa_mask is not None else []
+        return GpuReading(
+            index=index,
+            uuid=get("nvmlDeviceGetUUID", absent=essential) or "",
+            pci_bus_id=normalise_bus_id(str(pci.busId)) if pci is not None else "",
+            name=get("nvmlDeviceGetName", absent=essential) or "",
+            memory_mib=int(memory.total) // _MIB if memory is not None else None,
+            numa_node=numa_nodes[0] if numa_nodes else None,
+            cpu_affinity=format_cpulist(_bits(cpu_mask)) if cpu_mask is not None else "",
+            compute_capability=f"{capability[0]}.{capability[1]}" if capability else "",
+            pcie_generation=get("nvmlDeviceGetCurrPcieLinkGeneration"),
+            pcie_width=get("nvmlDeviceGetCurrPcieLinkWidth"),
+            pcie_max_generation=get("nvmlDeviceGetMaxPcieLinkGeneration"),
+            pcie_max_width=get("nvmlDeviceGetMaxPcieLinkWidth"),
+            nvlinks=self._nvlinks(me, handle, calls),
+            fabric=self._fabric(me, handle, calls),
+            utilization_percent=int(util.gpu) if util is not None else None,
+        )
+
+    def _nvlinks(self, me: str, handle: Any, calls: _Calls) -> tuple[NvLinkReading, ...]:
+        lib = self._lib
+        found = []
+        for link in range(NVLINK_MAX_LINKS):
+            where = f"{me} NVLink {link}"
+            # A link index past the GPU's last link is INVALID_ARGUMENT; a GPU without NVLink
+            # says NOT_SUPPORTED for link 0 and every other, so stop asking.
+            try:
+                state = lib.nvmlDeviceGetNvLinkState(handle, link)
+            except pynvml.NVMLError as error:
+                if error.value == _NOT_SUPPORTED and link == 0:
+                    break
+                if error.value not in (_NOT_SUPPORTED, _INVALID_ARGUMENT):
+                    calls.errors += 1
+                    calls.problems.append(f"{where} nvmlDeviceGetNvLinkState: {error}")
+                continue
+            active = state == pynvml.NVML_FEATURE_ENABLED
+            version = calls.get(f"{where} version", lib.nvmlDeviceGetNvLinkVersion, handle, link)
+            # The far end of a link that is down may be unknown: that is no problem.
+            quiet = None if not active else _ABSENT
+            remote = calls.get(
+                f"{where} nvmlDeviceGetNvLinkRemotePciInfo",
+                lib.nvmlDeviceGetNvLinkRemotePciInfo,
+                handle,
+                link,
+                absent=quiet,
+            )
+            remote_type = calls.get(
+                f"{where} nvmlDeviceGetNvLinkRemoteDeviceType",
+                lib.nvmlDeviceGetNvLinkRemoteDeviceType,
+                handle,
+                link,
+                absent=quiet,
+            )
+            errors: dict[str, int] = {}
+            if active:
+                for name, counter in NVLINK_ERROR_COUNTERS.items():
+                    value = calls.get(
+                        f"{where} error counter {name}",
+                        lib.nvmlDeviceGetNvLinkErrorCounter,
+                        handle,
+                        link,
+                        counter,
+                    )
+                    if value is not None:
+                        errors[name] = int(value)
+            found.append(
+                NvLinkReading(
+                    link=link,
+                    active=active,
+                    version=version,
+                    remote_bus_id=normalise_bus_id(str(remote.busId)) if remote else "",
+                    remote_device_id=int(remote.pciDeviceId) if remote else 0,
+                    remote_type=_remote_type(remote_type),
+                    errors=errors,
+                )
+            )
+        return tuple(found)
+
+    def _fabric(self, me: str, handle: Any, calls: _Calls) -> FabricReading | None:
+        info = pynvml.c_nvmlGpuFabricInfoV_t()
+        done = calls.get(
+            f"{me} nvmlDeviceGetGpuFabricInfoV",
+            self._lib.nvmlDeviceGetGpuFabricInfoV,
+            handle,
+            info,
+        )
+        if done is None or info.state == _FABRIC_STATE_NOT_SUPPORTED:
+            return None
+        return FabricReading(
+            cluster_uuid=str(uuid.UUID(bytes=bytes(info.clusterUuid))),
+            clique_id=int(info.cliqueId),
+            state=int(info.state),
+            status=int(info.status),
+            health_mask=int(info.healthMask),
+        )
+
+    def _pair(self, a: int, b: int, ha: Any, hb: Any, calls: _Calls) -> PairReading:
+        where = f"GPU{a}-GPU{b}"
+        level = calls.get(
+            f"{where} nvmlDeviceGetTopologyCommonAncestor",
+            self._lib.nvmlDeviceGetTopologyCommonAncestor,
+            ha,
+            hb,
+        )
+        p2p = calls.get(
+            f"{where} nvmlDeviceGetP2PStatus", self._lib.nvmlDeviceGetP2PStatus, ha, hb, _P2P_READ
+        )
+        return PairReading(
+            a=a,
+            b=b,
+            common_ancestor=level,
+            p2p_read=_p2p_status(p2p),
+        )
+
+
+def _bits(words: Sequence[int]) -> list[int]:
+    """Set bit positions of a mask given as 64-bit words, least significant word first."""
+    found = []
+    for at, word in enumerate(words):
+        value = int(word)
+        found += [at * 64 + bit for bit in range(64) if value >> bit & 1]
+    return found
+
+
+def _remote_type(value: int | None) -> RemoteType | None:
+    if value is None:
+        return None
+    try:
+        return RemoteType(value)
+    except ValueError:
+        return RemoteType.UNKNOWN
+
+
+def _p2p_status(value: int | None) -> P2pStatus | None:
+    if value is None:
+        return None
+    try:
+        return P2pStatus(value)
+    except ValueError:
+        return P2pStatus.UNKNOWN
