@@ -308,5 +308,5 @@ def _mask(ids: Sequence[int], words: int) -> Sequence[int]:
     for i in ids:
         if i < words * 64:
             values[i // 64] |= 1 << (i % 64)
-    array: Sequence[int] = (ctypes.c_ulonglong * words)(*values)
+    array: Sequence[int] = (ctypes.c_ulonglong * words)(*values)  # type: ignore[assignment]
     return array
