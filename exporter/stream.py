@@ -2,7 +2,10 @@
 
 Protocol (reporter.proto): a full snapshot first, then deltas when the topology changes and
 heartbeats when it does not, every message numbered (incarnation, sequence). The aggregator acks
-each message; RESYNC makes the next message a snapshot.
+each message; RESYNC makes the next message a snapshot. An ack may name peers to probe
+(`probe_targets`): the stream hands them to `on_probe_targets`, and peer results handed back
+with `add_peer_probes` travel in the next Delta's `peer_probes` (a Delta without topology
+changes when there are none).
 
 Failure handling: any stream error (aggregator down, restarted, unreachable) closes the stream;
 the next attempt waits a jittered exponential backoff (full jitter, capped) and starts again
@@ -18,19 +21,19 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import grpc
 
 from gputopo import __version__
-from gputopo.codec import delta_to_proto, timestamp, topology_to_proto
-from gputopo.delta import diff_topology
-from gputopo.topology import NodeTopology
+from gputopo.codec import delta_to_proto, peer_probe_to_proto, timestamp, topology_to_proto
+from gputopo.delta import NodeDelta, diff_topology
+from gputopo.topology import Measurement, NodeTopology
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
-__all__ = ["Backoff", "ReportStream", "StreamStats"]
+__all__ = ["Backoff", "ProbeTarget", "ReportStream", "StreamStats"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,14 @@ class Backoff:
         return rng.uniform(ceiling / 2, ceiling)
 
 
+@dataclass(frozen=True, slots=True)
+class ProbeTarget:
+    """A peer the aggregator wants this node to probe."""
+
+    node_name: str
+    address: str
+
+
 @dataclass(slots=True)
 class StreamStats:
     """What the stream has done, for metrics and tests."""
@@ -59,6 +70,7 @@ class StreamStats:
     heartbeats_sent: int = 0
     acked_sequence: int = 0
     resyncs: int = 0
+    peer_probes_sent: int = 0
     last_error: str = ""
     connected: bool = False
 
@@ -81,6 +93,7 @@ class ReportStream:
         probe_address: str = "",
         rng: random.Random | None = None,
         incarnation: int | None = None,
+        on_probe_targets: Callable[[tuple[ProbeTarget, ...]], None] | None = None,
     ) -> None:
         self.node_name = node_name
         self._source = source
@@ -94,12 +107,20 @@ class ReportStream:
         self._sequence = 0
         self._wake = asyncio.Event()
         self._resync = False
+        self._on_probe_targets = on_probe_targets
+        self._peer_probes: dict[str, Measurement] = {}
         self.stats = StreamStats()
         self.acked = asyncio.Event()  # set after the first ack of each connection
 
     def changed(self) -> None:
         """The topology changed: send a delta now."""
         self._wake.set()
+
+    def add_peer_probes(self, results: Mapping[str, Measurement]) -> None:
+        """Send these peer probe results (node name -> measurement) with the next message."""
+        if results:
+            self._peer_probes.update(results)
+            self._wake.set()
 
     async def run(self) -> None:
         """Stream until cancelled, reconnecting with backoff."""
@@ -176,14 +197,18 @@ class ReportStream:
         if delta is None:
             self._resync = False
             self.stats.snapshots_sent += 1
+            if self._peer_probes:
+                self._wake.set()  # the probe results go in the message right after
             return self._message(
                 snapshot=rpb.Snapshot(topology=topology_to_proto(current, observed_at=time.time()))
             )
-        if delta.empty:
+        probes, self._peer_probes = self._peer_probes, {}
+        if delta.empty and not probes:
             self.stats.heartbeats_sent += 1
             return self._message(heartbeat=rpb.Heartbeat())
         self.stats.deltas_sent += 1
-        return self._message(delta=delta_to_proto(delta))
+        self.stats.peer_probes_sent += len(probes)
+        return self._message(delta=_delta_message(delta, probes))
 
     async def _read_acks(
         self, call: grpc.aio.StreamStreamCall[rpb.ReportRequest, rpb.ReportResponse]
@@ -194,6 +219,10 @@ class ReportStream:
             if resp is grpc.aio.EOF:
                 return
             assert isinstance(resp, rpb.ReportResponse)
+            if resp.probe_targets and self._on_probe_targets is not None:
+                self._on_probe_targets(
+                    tuple(ProbeTarget(t.node_name, t.address) for t in resp.probe_targets)
+                )
             if resp.status == rpb.ReportResponse.STATUS_ACCEPTED:
                 self.stats.acked_sequence = resp.acked_sequence
                 self.acked.set()
@@ -203,3 +232,9 @@ class ReportStream:
                 self._wake.set()
             elif resp.status == rpb.ReportResponse.STATUS_REJECTED:
                 log.error("aggregator rejected a report of %s: %s", self.node_name, resp.message)
+
+
+def _delta_message(delta: NodeDelta, probes: Mapping[str, Measurement]) -> rpb.Delta:
+    msg = delta_to_proto(delta)
+    msg.peer_probes.extend(peer_probe_to_proto(peer, m) for peer, m in sorted(probes.items()))
+    return msg

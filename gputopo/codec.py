@@ -64,6 +64,8 @@ __all__ = [
     "nic_from_proto",
     "nic_to_proto",
     "node_state_to_proto",
+    "peer_probe_from_proto",
+    "peer_probe_to_proto",
     "request_from_proto",
     "request_to_proto",
     "result_from_proto",
@@ -447,6 +449,18 @@ def delta_to_proto(delta: NodeDelta) -> rpb.Delta:
         msg.problems.extend(delta.problems)
         msg.problems_changed = True
     return msg
+
+
+def peer_probe_to_proto(peer: str, measured: Measurement) -> rpb.PeerProbe:
+    """One exporter-to-exporter probe result (peer node name, measurement) as a PeerProbe."""
+    return rpb.PeerProbe(peer=peer, measured=_measurement_to_proto(measured))
+
+
+def peer_probe_from_proto(msg: rpb.PeerProbe, path: str = "peer_probe") -> tuple[str, Measurement]:
+    """A PeerProbe message as (peer node name, measurement); CodecError naming the field."""
+    if not msg.peer:
+        raise CodecError(f"{path}.peer", "is required")
+    return msg.peer, _measurement_from_proto(msg.measured, f"{path}.measured")
 
 
 def delta_from_proto(msg: rpb.Delta, path: str = "delta") -> NodeDelta:

@@ -1,0 +1,338 @@
+"""The exporter agent: discovery, probes, metrics and the report stream in one asyncio loop.
+
+1. `start()` binds the HTTP endpoints (`/metrics`, `/healthz`, `/readyz`; port 0 picks a free
+   one) and the TCP probe endpoint, runs a first discovery, then starts the loops:
+   - discovery every `discovery_interval_s` (jittered), in a worker thread (NVML and sysfs
+     calls block); a change wakes the report stream at once;
+   - GPU probe rounds and peer probe rounds (`exporter.probes.runner`), jittered;
+   - the report stream to the aggregator, which reconnects forever with jittered backoff.
+2. What is reported is the last discovery with the probe results laid over it.
+3. Nothing the node lacks stops it: with no GPU or no driver, NVML is down, the node reports no
+   GPUs and `gputopo_nvml_up 0`, and the reason is in the log (once per change), in
+   `gputopo_nvml_info{reason=...}` and in the report. A discovery pass that crashes is logged
+   and counted, and the last good topology stays.
+4. `/healthz` fails only when the discovery loop has stopped passing (the loop is stuck), so
+   the kubelet restarts a wedged agent but never one that merely lacks a GPU; `/readyz` waits
+   for the first discovery.
+5. `stop()` cancels the loops, closes the stream and the servers, and shuts NVML down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from exporter.discovery import Discovery, DiscoveryResult
+from exporter.health import HealthPolicy
+from exporter.metrics import ExporterView, register
+from exporter.nvml import Nvml
+from exporter.probes.results import ProbeResults
+from exporter.probes.runner import GpuProbeClient, ProbeRunner, ProbeSchedule, WorkerGpuProbe
+from exporter.probes.tcp import TcpProbeServer
+from exporter.stream import Backoff, ProbeTarget, ReportStream
+from exporter.sysfs import Sysfs
+from gputopo import __version__
+from gputopo.topology import NodeTopology, NvmlStatus
+
+__all__ = ["Agent", "AgentConfig"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """Where the agent serves and reports, and how often it looks.
+
+    `aggregator` is `host:port` of the aggregator's gRPC endpoint; empty runs without
+    reporting (metrics only). `probe_advertise` is the `host:port` peers should probe; empty
+    means this host's address and the bound probe port.
+    """
+
+    node_name: str
+    aggregator: str = ""
+    http_host: str = "0.0.0.0"
+    http_port: int = 9402
+    probe_host: str = "0.0.0.0"
+    probe_port: int = 9403
+    probe_advertise: str = ""
+    sysfs_root: Path = Path("/sys")
+    machine: str = ""
+    discovery_interval_s: float = 60.0
+    discovery_jitter: float = 0.1
+    heartbeat_interval_s: float = 5.0
+    backoff: Backoff = field(default_factory=Backoff)
+    gpu_probes: bool = True
+    peer_probes: bool = True
+    probe_schedule: ProbeSchedule = field(default_factory=ProbeSchedule)
+    health: HealthPolicy = field(default_factory=HealthPolicy)
+
+
+@dataclass(slots=True)
+class _State:
+    discovery: DiscoveryResult | None = None
+    runs: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    last_pass: float = 0.0
+    targets: tuple[ProbeTarget, ...] = ()
+
+
+class Agent:
+    """One node's exporter (see the module docstring). Use `async with` or start/stop."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        nvml: Nvml | None = None,
+        gpu_probe: GpuProbeClient | None = None,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.nvml = nvml or Nvml()
+        self.discovery = Discovery(
+            node_name=config.node_name,
+            nvml=self.nvml,
+            sysfs=Sysfs(config.sysfs_root),
+            policy=config.health,
+            machine=config.machine,
+            clock=clock,
+        )
+        self.probes = ProbeResults()
+        self._rng = rng or random.Random()
+        self.runner = ProbeRunner(
+            results=self.probes,
+            gpu_probe=gpu_probe or WorkerGpuProbe(),
+            activity=lambda: asyncio.to_thread(self.nvml.activity),
+            schedule=config.probe_schedule,
+            rng=self._rng,
+        )
+        self.registry = CollectorRegistry(auto_describe=True)
+        register(self.registry, self.view)
+        self._clock = clock
+        self._state = _State()
+        self._probe_server = TcpProbeServer(host=config.probe_host, port=config.probe_port)
+        self._http: web.AppRunner | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self.stream: ReportStream | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._discovered = asyncio.Event()
+        self.http_port = 0
+        self.probe_port = 0
+
+    # --- what the agent knows --------------------------------------------------------------
+
+    @property
+    def topology(self) -> NodeTopology:
+        """The node as reported: the last discovery with probe results laid over it."""
+        result = self._state.discovery
+        if result is None:
+            return NodeTopology(
+                name=self.config.node_name,
+                nvml=NvmlStatus(up=False, reason="not discovered yet"),
+            )
+        return self.probes.apply(result.topology)
+
+    def view(self) -> ExporterView:
+        """What metrics render."""
+        return ExporterView(
+            node_name=self.config.node_name,
+            version=__version__,
+            topology=self.topology if self._state.discovery is not None else None,
+            discovery=self._state.discovery,
+            discovery_runs=self._state.runs,
+            discovery_errors=dict(self._state.errors),
+            probes=self.probes,
+            stream=self.stream.stats if self.stream is not None else None,
+        )
+
+    # --- life -------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Agent:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Serve, discover once, and start the loops."""
+        await self._start_http()
+        await self._probe_server.start()
+        self.probe_port = self._probe_server.port
+        await self.discover()
+        self._spawn(self._discovery_loop(), "discovery")
+        if self.config.gpu_probes:
+            self._spawn(self._gpu_probe_loop(), "gpu-probes")
+        if self.config.aggregator:
+            self._channel = grpc.aio.insecure_channel(self.config.aggregator)
+            self.stream = ReportStream(
+                node_name=self.config.node_name,
+                source=lambda: self.topology,
+                channel=self._channel,
+                heartbeat_interval_s=self.config.heartbeat_interval_s,
+                backoff=self.config.backoff,
+                probe_address=self._advertised_probe_address(),
+                rng=self._rng,
+                on_probe_targets=self._set_targets,
+            )
+            self._spawn(self.stream.run(), "report-stream")
+            if self.config.peer_probes:
+                self._spawn(self._peer_probe_loop(), "peer-probes")
+        log.info(
+            "exporter for %s: metrics on %s:%d, probes on %s:%d, reporting to %s",
+            self.config.node_name,
+            self.config.http_host,
+            self.http_port,
+            self.config.probe_host,
+            self.probe_port,
+            self.config.aggregator or "(nobody)",
+        )
+
+    async def stop(self) -> None:
+        """Stop everything started, in reverse order."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+        await self._probe_server.stop()
+        if self._http is not None:
+            await self._http.cleanup()
+            self._http = None
+        await asyncio.to_thread(self.nvml.close)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        self._tasks.append(asyncio.create_task(coro, name=f"exporter-{name}"))
+
+    # --- discovery --------------------------------------------------------------------------
+
+    async def discover(self) -> DiscoveryResult | None:
+        """One discovery pass now; the stream hears of any change."""
+        before = self._state.discovery
+        try:
+            result = await asyncio.to_thread(self.discovery.run)
+        except Exception:  # a bug or an odd machine must not stop the agent
+            log.exception(
+                "discovery of %s failed; keeping the last topology", self.config.node_name
+            )
+            self._state.errors["exception"] += 1
+            return None
+        self._state.runs += 1
+        self._state.last_pass = self._clock()
+        for source, count in result.errors.items():
+            self._state.errors[source] += count
+        self._state.discovery = result
+        self._log_nvml(before.topology.nvml if before else None, result.topology.nvml)
+        changed = before is None or before.topology != result.topology
+        if changed and self.stream is not None:
+            self.stream.changed()
+        self._discovered.set()
+        return result
+
+    def _log_nvml(self, before: NvmlStatus | None, now: NvmlStatus) -> None:
+        if before == now:
+            return
+        if now.up:
+            log.info("NVML up: driver %s, CUDA %s", now.driver_version, now.cuda_version)
+        else:
+            log.warning("NVML is not available (%s): reporting a node without GPUs", now.reason)
+
+    async def _discovery_loop(self) -> None:
+        interval, jitter = self.config.discovery_interval_s, self.config.discovery_jitter
+        while True:
+            await asyncio.sleep(interval * self._rng.uniform(1 - jitter, 1 + jitter))
+            await self.discover()
+
+    # --- probes -----------------------------------------------------------------------------
+
+    async def _gpu_probe_loop(self) -> None:
+        await asyncio.sleep(self.runner.wait_s(first=True))
+        while True:
+            try:
+                measured = await self.runner.gpu_round(self.topology)
+            except Exception:
+                log.exception("GPU probe round failed")
+                measured = 0
+            if measured and self.stream is not None:
+                self.stream.changed()
+            await asyncio.sleep(self.runner.wait_s())
+
+    def _set_targets(self, targets: tuple[ProbeTarget, ...]) -> None:
+        self._state.targets = tuple(t for t in targets if t.node_name != self.config.node_name)
+
+    async def _peer_probe_loop(self) -> None:
+        await asyncio.sleep(self.runner.wait_s(first=True))
+        while True:
+            targets = [(t.node_name, t.address) for t in self._state.targets]
+            if targets and self.stream is not None:
+                self.stream.add_peer_probes(await self.runner.peer_round(targets))
+            await asyncio.sleep(self.runner.wait_s())
+
+    def _advertised_probe_address(self) -> str:
+        if self.config.probe_advertise:
+            return self.config.probe_advertise
+        host = self.config.probe_host
+        if host in ("", "0.0.0.0", "::"):
+            host = socket.gethostname()
+        return f"{host}:{self.probe_port}"
+
+    # --- HTTP -------------------------------------------------------------------------------
+
+    async def _start_http(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        # Bind the socket ourselves so port 0 works and the bound port is known.
+        sock = socket.create_server(
+            (self.config.http_host, self.config.http_port), reuse_port=False
+        )
+        await web.SockSite(runner, sock).start()
+        self._http = runner
+        self.http_port = sock.getsockname()[1]
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _stalled_s(self) -> float:
+        """How long the discovery loop is overdue (0 while it keeps up)."""
+        if not self._state.last_pass:
+            return 0.0
+        allowed = 3 * self.config.discovery_interval_s + 60
+        return max(0.0, self._clock() - self._state.last_pass - allowed)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        stalled = self._stalled_s()
+        nvml = self.topology.nvml
+        body = {
+            "status": "ok" if not stalled else "discovery stalled",
+            "nvml_up": nvml.up,
+            "nvml_reason": nvml.reason,
+            "discovery_runs": self._state.runs,
+        }
+        return web.json_response(body, status=200 if not stalled else 503)
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        ready = self._discovered.is_set()
+        return web.json_response({"ready": ready}, status=200 if ready else 503)

@@ -1,0 +1,168 @@
+"""Every metric the exporter serves, in one place: name, type, help and labels.
+
+Dashboards, alerts and tests use only names defined here (the metrics collector builds every
+family from these specs, so a name cannot drift between code and dashboard). Names follow
+Prometheus conventions: the `gputopo_` prefix, base units (bytes per second, seconds), `_total`
+for counters; bandwidth here is bytes/s per direction, where the rest of gputopo says GB/s.
+
+Labels: `gpu` is the NVML index, `uuid` the GPU UUID; a link's ends `a` and `b` are device
+names such as `gpu0`, `nic3`, `numa1`; `kind` the link kind (NVLINK, PIX, ... SYS) and `code`
+nvidia-smi's cell (NV18, PXB); `state` is `ok`, `degraded` or `down`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["ALL", "MetricSpec"]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One metric family."""
+
+    name: str
+    type: Literal["gauge", "counter"]
+    help: str
+    labels: tuple[str, ...] = ()
+
+
+def _gauge(name: str, help_text: str, *labels: str) -> MetricSpec:
+    return MetricSpec(f"gputopo_{name}", "gauge", help_text, labels)
+
+
+def _counter(name: str, help_text: str, *labels: str) -> MetricSpec:
+    # prometheus_client adds `_total` to counter samples; the family name goes without it.
+    return MetricSpec(f"gputopo_{name}", "counter", help_text, labels)
+
+
+EXPORTER_INFO = _gauge(
+    "exporter_info", "Exporter version and node name (always 1).", "version", "node"
+)
+NVML_UP = _gauge(
+    "nvml_up", "1 when NVML answered on the last discovery, 0 when not (no GPU or driver)."
+)
+NVML_INFO = _gauge(
+    "nvml_info",
+    "NVML driver and CUDA versions, or why NVML is not up (always 1).",
+    "driver_version",
+    "cuda_version",
+    "reason",
+)
+GPUS = _gauge("gpus", "GPUs discovered on the node.")
+NICS = _gauge("nics", "Network adapters discovered on the node.")
+NUMA_NODES = _gauge("numa_nodes", "NUMA nodes discovered on the node.")
+GPU_INFO = _gauge(
+    "gpu_info",
+    "One GPU as discovered (always 1).",
+    "gpu",
+    "uuid",
+    "pci_bus_id",
+    "name",
+    "numa_node",
+)
+GPU_HEALTH = _gauge(
+    "gpu_health", "A GPU's health (1 for its current state).", "gpu", "uuid", "state", "reason"
+)
+GPU_NVLINK_ACTIVE_LANES = _gauge(
+    "gpu_nvlink_active_lanes", "Active NVLinks of a GPU.", "gpu", "uuid"
+)
+GPU_NVLINK_MAX_LANES = _gauge(
+    "gpu_nvlink_max_lanes", "NVLinks a GPU has, up or down.", "gpu", "uuid"
+)
+GPU_NVLINK_ERRORS = _counter(
+    "gpu_nvlink_errors",
+    "NVLink error counters as NVML reports them (replay, recovery, crc_flit, crc_data).",
+    "gpu",
+    "uuid",
+    "link",
+    "counter",
+)
+GPU_PCIE_GENERATION = _gauge(
+    "gpu_pcie_link_generation",
+    "PCIe generation of a GPU's link as NVML reads it now (`current`, low when idle) and at most.",
+    "gpu",
+    "uuid",
+    "which",
+)
+GPU_PCIE_WIDTH = _gauge(
+    "gpu_pcie_link_width", "PCIe lanes of a GPU's link, now and at most.", "gpu", "uuid", "which"
+)
+GPU_P2P_STATUS = _gauge(
+    "gpu_p2p_status",
+    "NVML P2P read status of a GPU pair (1 for its status: OK, CNS, GNS, TNS, DR, NS, U).",
+    "gpu",
+    "peer",
+    "status",
+)
+LINK_NOMINAL = _gauge(
+    "link_bandwidth_nominal_bytes_per_second",
+    "Facts-table bandwidth of a link as it is now, per direction.",
+    "a",
+    "b",
+    "kind",
+    "code",
+)
+LINK_MEASURED = _gauge(
+    "link_bandwidth_measured_bytes_per_second",
+    "Last probe measurement of a link, per direction.",
+    "a",
+    "b",
+    "kind",
+    "method",
+)
+LINK_HEALTH = _gauge(
+    "link_health", "A link's health (1 for its current state).", "a", "b", "kind", "state", "reason"
+)
+DEGRADED_LINKS = _gauge("degraded_links", "Links whose health is not ok.")
+PROBE_AVAILABLE = _gauge(
+    "probe_available", "1 when a probe can run here, 0 with the reason when not.", "probe", "reason"
+)
+PROBE_RUNS = _counter(
+    "probe_runs",
+    "Probe attempts by outcome (measured, skipped_busy, unavailable, failed).",
+    "probe",
+    "outcome",
+)
+PROBE_BANDWIDTH = _gauge(
+    "probe_bandwidth_bytes_per_second",
+    "Bandwidth a probe measured, per direction.",
+    "probe",
+    "target",
+    "method",
+)
+PROBE_LATENCY = _gauge("probe_latency_seconds", "Latency a probe measured.", "probe", "target")
+PROBE_DURATION = _gauge(
+    "probe_duration_seconds", "How long a probe measurement took.", "probe", "target"
+)
+PROBE_SIZE = _gauge("probe_size_bytes", "Transfer size a probe used.", "probe", "target")
+PROBE_TIMESTAMP = _gauge(
+    "probe_timestamp_seconds", "When a probe measured (unix time).", "probe", "target"
+)
+DISCOVERY_RUNS = _counter("discovery_runs", "Discovery passes.")
+DISCOVERY_ERRORS = _counter(
+    "discovery_errors",
+    "Calls that failed during discovery, by source (nvml, sysfs; exception: a pass that crashed).",
+    "source",
+)
+DISCOVERY_PROBLEMS = _gauge(
+    "discovery_problems", "Problem lines of the last discovery (facts it could not get)."
+)
+DISCOVERY_DURATION = _gauge("discovery_duration_seconds", "Duration of the last discovery pass.")
+DISCOVERY_TIMESTAMP = _gauge(
+    "discovery_timestamp_seconds", "When the last discovery pass started (unix time)."
+)
+STREAM_CONNECTED = _gauge(
+    "report_stream_connected", "1 while the report stream to the aggregator is open."
+)
+STREAM_FAILURES = _counter(
+    "report_stream_failures", "Report streams that ended (the agent reconnects)."
+)
+STREAM_MESSAGES = _counter(
+    "report_messages", "Reports sent, by kind (snapshot, delta, heartbeat).", "kind"
+)
+
+ALL: tuple[MetricSpec, ...] = tuple(
+    v for v in list(globals().values()) if isinstance(v, MetricSpec)
+)

@@ -1,0 +1,184 @@
+"""Prometheus metrics from a custom collector over the agent's latest state.
+
+Nothing here keeps its own numbers: at every scrape `ExporterCollector` asks the agent for an
+`ExporterView` (the latest discovery, the topology with probe results laid over it, probe and
+stream counters) and renders it, so metrics can never disagree with what the agent reports to
+the aggregator. Every family comes from `exporter.metric_names`; the registry is passed in, so
+tests and the agent each use their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from exporter import metric_names as names
+from exporter.discovery import DiscoveryResult
+from exporter.probes.results import ProbeResults
+from exporter.stream import StreamStats
+from gputopo.links import LinkHealth
+from gputopo.topology import NodeTopology
+
+__all__ = ["ExporterCollector", "ExporterView", "register"]
+
+_GB = 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class ExporterView:
+    """What the collector renders: a consistent picture of the agent at one moment."""
+
+    node_name: str
+    version: str
+    topology: NodeTopology | None = None
+    discovery: DiscoveryResult | None = None
+    discovery_runs: int = 0
+    discovery_errors: Mapping[str, int] = field(default_factory=dict)
+    probes: ProbeResults = field(default_factory=ProbeResults)
+    stream: StreamStats | None = None
+
+
+def _family(spec: names.MetricSpec) -> GaugeMetricFamily | CounterMetricFamily:
+    if spec.type == "counter":
+        return CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+    return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+
+
+class _Families:
+    """Families by spec, created on first use, yielded in spec order."""
+
+    def __init__(self) -> None:
+        self._found: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+
+    def add(self, spec: names.MetricSpec, value: float, *labels: str) -> None:
+        family = self._found.get(spec.name)
+        if family is None:
+            family = self._found[spec.name] = _family(spec)
+        family.add_metric(list(labels), value)
+
+    def __iter__(self) -> Iterator[Metric]:
+        return iter(self._found.values())
+
+
+class ExporterCollector(Collector):
+    """Renders an `ExporterView` (see the module docstring)."""
+
+    def __init__(self, view: Callable[[], ExporterView]) -> None:
+        self._view = view
+
+    def describe(self) -> Iterator[Metric]:
+        """Every family, empty: lets the registry check names without a scrape."""
+        for spec in names.ALL:
+            yield _family(spec)
+
+    def collect(self) -> Iterator[Metric]:
+        """One scrape."""
+        view = self._view()
+        out = _Families()
+        out.add(names.EXPORTER_INFO, 1, view.version, view.node_name)
+        _discovery(out, view)
+        if view.topology is not None:
+            _topology(out, view.topology)
+        if view.discovery is not None:
+            _readings(out, view.discovery)
+        _probes(out, view.probes)
+        _stream(out, view.stream)
+        yield from out
+
+
+def register(registry: CollectorRegistry, view: Callable[[], ExporterView]) -> ExporterCollector:
+    """Register a collector over `view` in `registry`."""
+    collector = ExporterCollector(view)
+    registry.register(collector)
+    return collector
+
+
+def _discovery(out: _Families, view: ExporterView) -> None:
+    topology = view.topology
+    nvml = topology.nvml if topology is not None else None
+    out.add(names.NVML_UP, 1 if nvml is not None and nvml.up else 0)
+    if nvml is not None:
+        out.add(names.NVML_INFO, 1, nvml.driver_version, nvml.cuda_version, nvml.reason)
+    out.add(names.DISCOVERY_RUNS, view.discovery_runs)
+    for source in ("nvml", "sysfs", "exception"):
+        out.add(names.DISCOVERY_ERRORS, view.discovery_errors.get(source, 0), source)
+    if view.discovery is not None:
+        out.add(names.DISCOVERY_DURATION, view.discovery.duration_s)
+        out.add(names.DISCOVERY_TIMESTAMP, view.discovery.started_at)
+    if topology is not None:
+        out.add(names.DISCOVERY_PROBLEMS, len(topology.problems))
+
+
+def _topology(out: _Families, topology: NodeTopology) -> None:
+    out.add(names.GPUS, topology.gpu_count)
+    out.add(names.NICS, len(topology.nics))
+    out.add(names.NUMA_NODES, len(topology.numa_nodes))
+    for g in topology.gpus:
+        gpu, uuid = str(g.index), g.uuid
+        numa = "" if g.numa_node is None else str(g.numa_node)
+        out.add(names.GPU_INFO, 1, gpu, uuid, g.pci_bus_id, g.name, numa)
+        out.add(names.GPU_HEALTH, 1, gpu, uuid, g.health.name.lower(), g.health_reason)
+        out.add(names.GPU_NVLINK_ACTIVE_LANES, g.nvlink_lanes, gpu, uuid)
+        out.add(names.GPU_NVLINK_MAX_LANES, g.nvlink_max_lanes, gpu, uuid)
+    for link in topology.links:
+        a, b, kind = str(link.a), str(link.b), link.kind.name
+        out.add(names.LINK_NOMINAL, link.nominal_gbps * _GB, a, b, kind, link.code)
+        if link.measured is not None:
+            out.add(names.LINK_MEASURED, link.measured.gbps * _GB, a, b, kind, link.measured.method)
+        out.add(names.LINK_HEALTH, 1, a, b, kind, link.health.name.lower(), link.health_reason)
+    degraded = sum(1 for lk in topology.links if lk.health is not LinkHealth.OK)
+    out.add(names.DEGRADED_LINKS, degraded)
+
+
+def _readings(out: _Families, result: DiscoveryResult) -> None:
+    uuids = {g.index: g.uuid for g in result.nvml.gpus}
+    for g in result.nvml.gpus:
+        gpu, uuid = str(g.index), g.uuid
+        for which, gen, width in (
+            ("current", g.pcie_generation, g.pcie_width),
+            ("max", g.pcie_max_generation, g.pcie_max_width),
+        ):
+            if gen is not None:
+                out.add(names.GPU_PCIE_GENERATION, gen, gpu, uuid, which)
+            if width is not None:
+                out.add(names.GPU_PCIE_WIDTH, width, gpu, uuid, which)
+        for link in g.nvlinks:
+            for counter, value in link.errors.items():
+                out.add(names.GPU_NVLINK_ERRORS, value, gpu, uuid, str(link.link), counter)
+    for pair in result.nvml.pairs:
+        if pair.p2p_read is None:
+            continue
+        for me, peer in ((pair.a, pair.b), (pair.b, pair.a)):
+            out.add(
+                names.GPU_P2P_STATUS, 1, str(me), uuids.get(peer, str(peer)), pair.p2p_read.code
+            )
+
+
+def _probes(out: _Families, probes: ProbeResults) -> None:
+    for probe, (ok, reason) in sorted(probes.available.items()):
+        out.add(names.PROBE_AVAILABLE, 1 if ok else 0, probe, reason)
+    for (probe, outcome), count in sorted(
+        probes.outcomes.items(), key=lambda kv: (kv[0][0], kv[0][1].value)
+    ):
+        out.add(names.PROBE_RUNS, count, probe, outcome.value)
+    for record in probes.records():
+        m = record.measurement
+        out.add(names.PROBE_BANDWIDTH, m.gbps * _GB, record.probe, record.target, m.method)
+        if m.latency_us is not None:
+            out.add(names.PROBE_LATENCY, m.latency_us / 1e6, record.probe, record.target)
+        out.add(names.PROBE_DURATION, m.duration_s, record.probe, record.target)
+        out.add(names.PROBE_SIZE, m.size_bytes, record.probe, record.target)
+        out.add(names.PROBE_TIMESTAMP, m.measured_at, record.probe, record.target)
+
+
+def _stream(out: _Families, stats: StreamStats | None) -> None:
+    if stats is None:
+        return
+    out.add(names.STREAM_CONNECTED, 1 if stats.connected else 0)
+    out.add(names.STREAM_FAILURES, stats.failures)
+    out.add(names.STREAM_MESSAGES, stats.snapshots_sent, "snapshot")
+    out.add(names.STREAM_MESSAGES, stats.deltas_sent, "delta")
+    out.add(names.STREAM_MESSAGES, stats.heartbeats_sent, "heartbeat")
