@@ -1,0 +1,129 @@
+"""`gputopo exporter`: run the node agent until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+HELP = "run the node exporter: discover and probe this node's GPU topology, serve metrics, report"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of the command; the environment supplies defaults in a DaemonSet."""
+    env = os.environ.get
+    parser.add_argument(
+        "--aggregator",
+        default=env("GPUTOPO_AGGREGATOR", ""),
+        metavar="HOST:PORT",
+        help="the aggregator's gRPC address (env GPUTOPO_AGGREGATOR); empty: metrics only",
+    )
+    parser.add_argument(
+        "--node-name",
+        default=env("NODE_NAME", ""),
+        help="this node's Kubernetes name (env NODE_NAME, downward API; else the hostname)",
+    )
+    parser.add_argument("--http-host", default="0.0.0.0", help="address for /metrics, /healthz")
+    parser.add_argument("--http-port", type=int, default=9402, help="0 for any free port")
+    parser.add_argument("--probe-host", default="0.0.0.0", help="address of the TCP probe endpoint")
+    parser.add_argument("--probe-port", type=int, default=9403, help="0 for any free port")
+    parser.add_argument(
+        "--probe-address",
+        default=env("GPUTOPO_PROBE_ADDRESS", ""),
+        metavar="HOST:PORT",
+        help="where peers reach the probe endpoint (env GPUTOPO_PROBE_ADDRESS; default: hostname)",
+    )
+    parser.add_argument(
+        "--sysfs-root", default="/sys", help="where sysfs is mounted (default %(default)s)"
+    )
+    parser.add_argument(
+        "--discovery-interval", type=float, default=60.0, metavar="SECONDS", help="default 60"
+    )
+    parser.add_argument(
+        "--probe-interval", type=float, default=900.0, metavar="SECONDS", help="default 900"
+    )
+    parser.add_argument("--no-gpu-probes", action="store_true", help="never run GPU copy probes")
+    parser.add_argument("--no-peer-probes", action="store_true", help="never probe peer nodes")
+    parser.add_argument(
+        "--simulate",
+        metavar="PROFILE",
+        default="",
+        help="answer from a fake machine instead of NVML and /sys (see `gputopo machines`)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted; shut down gracefully."""
+    import asyncio
+    import logging
+    import signal
+    import socket
+    import sys
+    import tempfile
+    from contextlib import ExitStack
+    from pathlib import Path
+
+    from exporter.agent import Agent, AgentConfig
+    from exporter.nvml import Nvml
+    from exporter.probes.runner import ProbeSchedule
+
+    root = logging.getLogger()
+    root.setLevel(min(root.level, logging.INFO))
+    log = logging.getLogger("gputopo.exporter")
+    node_name = args.node_name
+    if not node_name:
+        node_name = socket.gethostname()
+        log.warning("NODE_NAME is not set; reporting as %s (the hostname)", node_name)
+    with ExitStack() as stack:
+        nvml = None
+        sysfs_root = Path(args.sysfs_root)
+        machine = ""
+        if args.simulate:
+            from exporter.fake_machine import FakeMachine
+            from exporter.fake_nvml import FakeNvml
+            from exporter.fake_sysfs import write_sysfs
+
+            try:
+                fake = FakeMachine.from_profile(args.simulate, node_name=node_name)
+            except ValueError as error:
+                print(f"gputopo exporter: {error}", file=sys.stderr)
+                return 2
+            nvml = Nvml(FakeNvml(fake))
+            sysfs_root = write_sysfs(fake, Path(stack.enter_context(tempfile.TemporaryDirectory())))
+            machine = fake.topology.machine
+        config = AgentConfig(
+            node_name=node_name,
+            aggregator=args.aggregator,
+            http_host=args.http_host,
+            http_port=args.http_port,
+            probe_host=args.probe_host,
+            probe_port=args.probe_port,
+            probe_advertise=args.probe_address,
+            sysfs_root=sysfs_root,
+            machine=machine,
+            discovery_interval_s=args.discovery_interval,
+            gpu_probes=not args.no_gpu_probes and not args.simulate,
+            peer_probes=not args.no_peer_probes,
+            probe_schedule=ProbeSchedule(interval_s=args.probe_interval),
+        )
+
+        async def serve() -> None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            async with Agent(config, nvml=nvml) as agent:
+                print(
+                    f"exporter {node_name}: metrics on {config.http_host}:{agent.http_port}, "
+                    f"probes on {config.probe_host}:{agent.probe_port}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                await stop.wait()
+                print("exporter: shutting down", file=sys.stderr, flush=True)
+
+        try:
+            asyncio.run(serve())
+        except OSError as error:
+            print(f"gputopo exporter: {error}", file=sys.stderr)
+            return 1
+    return 0

@@ -1,0 +1,152 @@
+"""`gputopo topo`: show a node's topology as `nvidia-smi topo -m` does, or import a recording.
+
+    gputopo topo show                 this node, discovered now (NVML and /sys)
+    gputopo topo show --from FILE     a recording: `nvidia-smi topo -m` text or NCCL topology XML
+                                      (a path, or the name of a bundled recording)
+    gputopo topo import FILE --json   a recording as the node topology, in JSON
+
+`show` prints nvidia-smi's matrix (GPU rows with X, NV<n>, PIX, PXB, PHB, NODE, SYS), then GB/s
+per direction for each pair, measured (*) or nominal. Input that is not a recording exits 2 with
+one line naming where it went wrong; a truncated recording is shown, flagged partial, with what
+is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gputopo.topology import NodeTopology
+
+HELP = "show a node's GPU topology like `nvidia-smi topo -m`, or import a recording"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Sub-commands `show` and `import`."""
+    sub = parser.add_subparsers(dest="topo_command", required=True, metavar="ACTION")
+    show = sub.add_parser("show", help="print a topology as nvidia-smi's matrix plus bandwidth")
+    show.add_argument(
+        "--from",
+        dest="source",
+        metavar="FILE",
+        help="a recording (path or bundled name) instead of this node",
+    )
+    show.add_argument("--node-name", default="", help="name to give the node")
+    show.add_argument("--sysfs-root", default="/sys", help="sysfs of this node (default /sys)")
+    imp = sub.add_parser("import", help="read a recording into a node topology")
+    imp.add_argument("file", metavar="FILE", help="a recording (path or bundled name)")
+    imp.add_argument("--json", action="store_true", help="print the topology as JSON")
+    imp.add_argument("--node-name", default="imported", help="name to give the node")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen action."""
+    if args.topo_command == "import":
+        return _import(args)
+    return _show(args)
+
+
+def _read(source: str) -> str:
+    """A recording's text, from a path or a bundled name; OSError/ValueError naming it."""
+    from pathlib import Path
+
+    from gputopo.machines import read_recording, recordings
+
+    path = Path(source)
+    if not path.exists() and source in recordings():
+        return read_recording(source)
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def _load(source: str, node_name: str) -> NodeTopology | None:
+    from gputopo.importers import TopologyImportError, import_topology
+
+    try:
+        text = _read(source)
+    except OSError as error:
+        print(f"gputopo topo: cannot read {source}: {error.strerror or error}", file=sys.stderr)
+        return None
+    try:
+        topology = import_topology(text, node_name=node_name)
+    except TopologyImportError as error:
+        print(f"gputopo topo: {source}: {error}", file=sys.stderr)
+        return None
+    if topology.partial:
+        print(
+            f"gputopo topo: warning: {source} is incomplete; the topology is partial "
+            f"({len(topology.problems)} problem(s) listed)",
+            file=sys.stderr,
+        )
+    return topology
+
+
+def _show(args: argparse.Namespace) -> int:
+    import time
+
+    from gputopo.importers import render_topo_matrix
+
+    if args.source:
+        found = _load(args.source, args.node_name or "imported")
+        if found is None:
+            return 2
+        sys.stdout.write(render_topo_matrix(found))
+        return 0
+    topology = _discover(args)
+    if not topology.gpus:
+        print(
+            f"gputopo topo: no GPU to show: {topology.nvml.reason or 'NVML found none'}",
+            file=sys.stderr,
+        )
+        return 1
+    sys.stdout.write(render_topo_matrix(topology, now=time.time()))
+    return 0
+
+
+def _discover(args: argparse.Namespace) -> NodeTopology:
+    import socket
+    from pathlib import Path
+
+    from exporter.discovery import Discovery
+    from exporter.nvml import Nvml
+    from exporter.sysfs import Sysfs
+
+    nvml = Nvml()
+    try:
+        discovery = Discovery(
+            node_name=args.node_name or socket.gethostname(),
+            nvml=nvml,
+            sysfs=Sysfs(Path(args.sysfs_root)),
+        )
+        return discovery.run().topology
+    finally:
+        nvml.close()
+
+
+def _import(args: argparse.Namespace) -> int:
+    import json
+
+    from google.protobuf import json_format
+
+    from gputopo.codec import topology_to_proto
+
+    topology = _load(args.file, args.node_name)
+    if topology is None:
+        return 2
+    if args.json:
+        message = json_format.MessageToDict(
+            topology_to_proto(topology),
+            preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True,
+        )
+        print(json.dumps(message, indent=2))
+        return 0
+    print(
+        f"{topology.name}: {topology.gpu_count} GPUs, {len(topology.nics)} NICs, "
+        f"{len(topology.numa_nodes)} NUMA nodes, {len(topology.links)} links"
+        f"{', partial' if topology.partial else ''}"
+    )
+    for problem in topology.problems:
+        print(f"  - {problem}")
+    return 0
