@@ -1,0 +1,197 @@
+"""`gputopo topo show/import` on the recordings, and `gputopo exporter` as a real process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+
+from aggregator.server import Aggregator, AggregatorConfig
+from gputopo.cli import main
+from gputopo.codec import topology_from_proto
+from gputopo.importers import import_topology
+from gputopo.importers.topo_matrix import read_topo_matrix
+from gputopo.machines import read_recording, recordings
+from gputopo.v1 import topology_pb2 as tpb
+
+NVSMI = [r for r in recordings() if r.startswith("nvsmi_topo_")]
+COMPLETE_NVSMI = [r for r in NVSMI if "partial" not in r]
+NCCL_XML = [r for r in recordings() if r.startswith("nccl_topo_xml_")]
+
+
+def gpu_cells(text: str) -> dict[tuple[str, str], str]:
+    matrix = read_topo_matrix(text)
+    return {
+        (row, column): matrix.cell(row, column) or ""
+        for row in matrix.gpu_columns
+        for column in matrix.gpu_columns
+    }
+
+
+@pytest.mark.parametrize("recording", COMPLETE_NVSMI)
+def test_topo_show_prints_the_recorded_code_for_every_gpu_pair(
+    recording: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / recording
+    path.write_text(read_recording(recording))
+    assert main(["topo", "show", "--from", str(path)]) == 0
+    shown = capsys.readouterr().out
+    assert shown.splitlines()[0].split()[:2] == ["GPU0", "GPU1"]
+    first_matrix = shown.split("GB/s per direction")[0]
+    want = gpu_cells(read_recording(recording))
+    assert gpu_cells(first_matrix) == want
+    assert "GB/s per direction" in shown  # the second matrix: bandwidth per pair
+
+
+def test_a_bundled_recording_can_be_named_instead_of_a_path(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["topo", "show", "--from", "nvsmi_topo_hgx_a100_sxm4_80gb_8nic_roce.txt"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^GPU0\s+X\s+NV12", out, re.MULTILINE)
+
+
+@pytest.mark.parametrize("recording", NCCL_XML)
+def test_topo_show_prints_an_nccl_xml_recording_as_a_matrix(
+    recording: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["topo", "show", "--from", recording])
+    out = capsys.readouterr().out
+    imported = import_topology(read_recording(recording))
+    assert code == 0
+    rows = [line for line in out.split("Legend:")[0].splitlines() if line.startswith("GPU")]
+    assert len(rows) == imported.gpu_count
+
+
+def test_a_cut_recording_is_shown_flagged_partial_with_what_is_missing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["topo", "show", "--from", "nvsmi_topo_gb200_4gpu_grace_partial.txt"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "incomplete; the topology is partial" in err
+    assert "Problems:" in out
+    assert "GPU3-NIC1: unknown" in out
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        pytest.param("hello\n", "line 1: expected the header row", id="not a matrix"),
+        pytest.param("<system><gpu/>", "not well-formed XML", id="truncated XML"),
+        pytest.param(
+            "\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tNV4\t X \nGPU2\tSYS\tSYS\n",
+            "row label 'GPU2' is not one of the header's columns",
+            id="a row for a GPU the header lacks",
+        ),
+    ],
+)
+def test_malformed_input_exits_2_with_one_line_and_no_traceback(
+    text: str, want: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "paste.txt"
+    path.write_text(text)
+    assert main(["topo", "show", "--from", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert want in err
+    assert "Traceback" not in err
+
+
+def test_a_missing_file_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["topo", "import", str(tmp_path / "nope.txt"), "--json"]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recording", [*NVSMI, *NCCL_XML])
+def test_topo_import_json_is_the_imported_topology(
+    recording: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["topo", "import", recording, "--json", "--node-name", "n1"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    message = json_format.ParseDict(data, tpb.NodeTopology())
+    assert topology_from_proto(message) == import_topology(
+        read_recording(recording), node_name="n1"
+    )
+
+
+def test_topo_show_of_this_gpu_less_machine_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["topo", "show"]) == 1
+    assert "libnvidia-ml.so.1 not found" in capsys.readouterr().err
+
+
+def test_gputopo_exporter_runs_without_a_gpu_reports_and_stops_on_sigterm() -> None:
+    """The command as a DaemonSet runs it: NODE_NAME from the environment, real /sys, no GPU."""
+
+    async def scenario() -> None:
+        aggregator = Aggregator(AggregatorConfig(heartbeat_interval_s=0.2))
+        await aggregator.start()
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gputopo",
+            "exporter",
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--probe-host",
+            "127.0.0.1",
+            "--probe-port",
+            "0",
+            stderr=subprocess.PIPE,
+            env=os.environ
+            | {"NODE_NAME": "cli-node", "GPUTOPO_AGGREGATOR": aggregator.grpc_target},
+        )
+        try:
+            assert process.stderr is not None
+            port = 0
+            log = []
+            async with asyncio.timeout(30):
+                while not port:
+                    line = (await process.stderr.readline()).decode()
+                    assert line, f"exporter exited: {''.join(log)}"
+                    log.append(line)
+                    if found := re.search(r"metrics on [\d.]+:(\d+)", line):
+                        port = int(found.group(1))
+            metrics = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+            )
+            assert "gputopo_nvml_up 0.0" in metrics
+            assert 'gputopo_exporter_info{node="cli-node"' in metrics
+            for _ in range(100):
+                if "cli-node" in aggregator.state.node_names:
+                    break
+                await asyncio.sleep(0.1)
+            assert aggregator.state.snapshot().node("cli-node").topology.gpus == ()
+            process.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(15):
+                rest = (await process.stderr.read()).decode()
+                assert await process.wait() == 0
+            log.append(rest)
+            text = "".join(log)
+            assert "NVML is not available" in text
+            assert "libnvidia-ml.so.1 not found" in text
+            assert "Traceback" not in text
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            await aggregator.stop(grace_s=0)
+
+    asyncio.run(scenario())
+
+
+def test_gputopo_exporter_simulates_a_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["exporter", "--simulate", "no-such-profile", "--node-name", "x"]) == 2
+    assert "unknown machine profile" in capsys.readouterr().err
