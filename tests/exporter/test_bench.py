@@ -1,0 +1,20 @@
+"""`gputopo bench exporter` runs and prints its figures (the figures themselves are not judged)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gputopo.cli import main
+
+
+def test_bench_exporter_prints_every_figure_as_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "exporter", "--json", "--samples", "3", "--idle-seconds", "1"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    for name in ("discovery_seconds", "rss_mib", "cpu_percent"):
+        assert figures[name] > 0 or name == "cpu_percent"
+        assert name in figures["meets_targets"]
+    assert figures["gpus"] == 8
+    assert figures["agent_reported_to_aggregator"] is True
+    assert figures["baseline_python_stack_rss_mib"] > 0

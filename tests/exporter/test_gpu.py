@@ -1,0 +1,89 @@
+"""On a machine with an NVIDIA GPU (`make test-gpu`, i.e. `pytest -m gpu`): real NVML and CUDA.
+
+`make test` deselects these. They print what they measured beside the nominal figures (run with
+`-s` to see it), and write it as JSON to $GPUTOPO_GPU_REPORT when that is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from exporter.discovery import Discovery
+from exporter.nvml import Nvml
+from exporter.probes.gpu import CudaCopyProbe
+from exporter.probes.results import ProbeResults
+from exporter.sysfs import Sysfs
+from gputopo.importers import render_topo_matrix
+from gputopo.importers._lists import parse_idlist
+from gputopo.topology import gpu, numa
+
+pytestmark = pytest.mark.gpu
+
+
+def test_real_discovery_finds_every_gpu_with_its_facts() -> None:
+    result = Discovery(node_name="gpu-node", nvml=Nvml(), sysfs=Sysfs()).run()
+    topology = result.topology
+    assert topology.nvml.up, topology.nvml.reason
+    assert topology.gpus
+    for g in topology.gpus:
+        assert g.uuid.startswith("GPU-")
+        assert g.pci_bus_id
+        assert g.name
+        assert g.memory_mib > 0
+        assert g.pcie_max_width > 0
+    assert result.nvml.errors == 0, result.nvml.problems
+    print(render_topo_matrix(topology))
+    print(f"discovery took {result.duration_s * 1000:.1f} ms; problems: {topology.problems}")
+
+
+def test_copy_probes_measure_every_pair_and_every_host_path() -> None:
+    topology = Discovery(node_name="gpu-node", nvml=Nvml(), sysfs=Sysfs()).run().topology
+    probe = CudaCopyProbe()
+    ok, why = probe.available()
+    assert ok, why
+    results = ProbeResults()
+    for a in topology.gpus:
+        for b in topology.gpus:
+            if a.index < b.index:
+                results.record_link(
+                    "gpu-copy", gpu(a.index), gpu(b.index), probe.peer(a.pci_bus_id, b.pci_bus_id)
+                )
+        for node in topology.numa_nodes:
+            if node.cpus and topology.link(gpu(a.index), numa(node.id)) is not None:
+                m = probe.host(a.pci_bus_id, cpus=parse_idlist(node.cpus))
+                results.record_link("gpu-copy", gpu(a.index), numa(node.id), m)
+    probed = results.apply(topology)
+    rows = []
+    for link in probed.links:
+        if link.measured is None:
+            continue
+        assert link.measured.gbps > 0
+        rows.append(
+            {
+                "a": str(link.a),
+                "b": str(link.b),
+                "code": link.code,
+                "nominal_gbps": link.nominal_gbps,
+                "measured_gbps": link.measured.gbps,
+                "latency_us": link.measured.latency_us,
+                "method": link.measured.method,
+                "size_bytes": link.measured.size_bytes,
+                "duration_s": round(link.measured.duration_s, 3),
+            }
+        )
+    assert rows, "nothing to measure: a single GPU has no pairs, but it has host paths"
+    for row in rows:
+        print(
+            f"{row['a']}-{row['b']} {row['code']}: measured {row['measured_gbps']:.1f} GB/s, "
+            f"nominal {row['nominal_gbps']:.1f} GB/s ({row['method']})"
+        )
+    report = os.environ.get("GPUTOPO_GPU_REPORT")
+    if report:
+        gpus = [
+            {"index": g.index, "name": g.name, "pci_bus_id": g.pci_bus_id} for g in topology.gpus
+        ]
+        Path(report).write_text(json.dumps({"gpus": gpus, "links": rows}, indent=2))
