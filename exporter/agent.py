@@ -42,7 +42,7 @@ from exporter.nvml import Nvml
 from exporter.probes.results import ProbeResults
 from exporter.probes.runner import GpuProbeClient, ProbeRunner, ProbeSchedule, WorkerGpuProbe
 from exporter.probes.tcp import TcpProbeServer
-from exporter.stream import Backoff, ProbeTarget, ReportStream
+from exporter.stream import Backoff, ProbeTarget, ReportStream, report_channel
 from exporter.sysfs import Sysfs
 from gputopo import __version__
 from gputopo.topology import NodeTopology, NvmlStatus
@@ -178,7 +178,7 @@ class Agent:
         if self.config.gpu_probes:
             self._spawn(self._gpu_probe_loop(), "gpu-probes")
         if self.config.aggregator:
-            self._channel = grpc.aio.insecure_channel(self.config.aggregator)
+            self._channel = report_channel(self.config.aggregator, self.config.backoff)
             self.stream = ReportStream(
                 node_name=self.config.node_name,
                 source=lambda: self.topology,

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import grpc
 
-from exporter.stream import Backoff, ReportStream
+from exporter.stream import Backoff, ReportStream, report_channel
 from gputopo.topology import NodeTopology
 
 __all__ = ["SimulatedExporters"]
@@ -51,7 +51,7 @@ class SimulatedExporters:
         self.streams[topology.name].changed()
 
     async def __aenter__(self) -> SimulatedExporters:
-        self._channel = grpc.aio.insecure_channel(self._target)
+        self._channel = report_channel(self._target, self._backoff)
         for name in self._topologies:
             stream = ReportStream(
                 node_name=name,

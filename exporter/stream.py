@@ -33,7 +33,7 @@ from gputopo.topology import Measurement, NodeTopology
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
-__all__ = ["Backoff", "ProbeTarget", "ReportStream", "StreamStats"]
+__all__ = ["Backoff", "ProbeTarget", "ReportStream", "StreamStats", "report_channel"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,27 @@ class Backoff:
         """Seconds to wait before attempt `attempt` (0-based)."""
         ceiling = min(self.cap_s, self.base_s * 2 ** min(attempt, 30))
         return rng.uniform(ceiling / 2, ceiling)
+
+
+def report_channel(target: str, backoff: Backoff) -> grpc.aio.Channel:
+    """A channel to the aggregator whose own reconnects keep pace with the stream's backoff.
+
+    gRPC channels back off between connection attempts by themselves (up to 120 s by default)
+    and fail new calls at once meanwhile; after an outage of minutes the stream's retries would
+    all fail fast until the channel's timer ran out. Capping the channel's backoff at the
+    stream's keeps the stream's jittered backoff the one that decides. Keepalive pings find an
+    aggregator that vanished without closing its connections (its node died).
+    """
+    return grpc.aio.insecure_channel(
+        target,
+        options=[
+            ("grpc.initial_reconnect_backoff_ms", max(int(backoff.base_s * 1000), 100)),
+            ("grpc.min_reconnect_backoff_ms", max(int(backoff.base_s * 1000), 100)),
+            ("grpc.max_reconnect_backoff_ms", max(int(backoff.cap_s * 1000), 100)),
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+        ],
+    )
 
 
 @dataclass(frozen=True, slots=True)

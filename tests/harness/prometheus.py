@@ -68,8 +68,9 @@ def find_prometheus() -> Path:
 class Prometheus:
     """One running Prometheus server (see the module docstring)."""
 
-    def __init__(self, *, binary: Path, workdir: Path, job: str) -> None:
+    def __init__(self, *, binary: Path, workdir: Path, job: str, targets: int = 0) -> None:
         self.binary = binary
+        self.target_count = targets
         self.workdir = workdir
         self.job = job
         self.port = 0
@@ -86,7 +87,7 @@ class Prometheus:
         scrape_interval_s: float = 1.0,
     ) -> Prometheus:
         """Start a server scraping `targets` (host:port, path /metrics) and wait until ready."""
-        server = cls(binary=find_prometheus(), workdir=workdir, job=job)
+        server = cls(binary=find_prometheus(), workdir=workdir, job=job, targets=len(targets))
         workdir.mkdir(parents=True, exist_ok=True)
         config = workdir / "prometheus.yml"
         interval = f"{max(int(scrape_interval_s * 1000), 100)}ms"
@@ -182,7 +183,8 @@ class Prometheus:
 
     def wait_for_scrape(self, *, timeout_s: float = 30.0) -> None:
         """Wait until every target of the job was scraped successfully."""
-        self.wait_for(f'up{{job="{self.job}"}} == 1', timeout_s=timeout_s)
+        every = f'count(up{{job="{self.job}"}} == 1) == {self.target_count}'
+        self.wait_for(every, timeout_s=timeout_s)
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL)."""
