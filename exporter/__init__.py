@@ -1,5 +1,12 @@
-"""The exporter: a node agent that discovers its node's GPU topology and streams it.
+"""The exporter: a node agent that discovers its node's GPU topology, measures it and streams it.
 
-`exporter.stream` holds the report stream to the aggregator; `exporter.simulate` runs simulated
-exporters for machines built from recordings (the demo and the benchmarks).
+- `exporter.agent`: the agent (discovery loop, probes, metrics, report stream in one loop);
+- `exporter.nvml` (the only module importing pynvml), `exporter.sysfs`: the hardware readers;
+- `exporter.assemble`, `exporter.health`, `exporter.discovery`: readings -> `NodeTopology`;
+- `exporter.probes`: GPU copy probes (cuda-bindings) and peer TCP probes;
+- `exporter.metrics`, `exporter.metric_names`: the Prometheus collector and every metric name;
+- `exporter.stream`: the report stream to the aggregator; `exporter.simulate`: simulated
+  exporters for the demo and benchmarks;
+- `exporter.fake_machine`, `exporter.fake_nvml`, `exporter.fake_sysfs`: fake hardware derived
+  from recorded machines, for tests, `gputopo exporter --simulate` and the benchmark.
 """
