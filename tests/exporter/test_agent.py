@@ -293,3 +293,24 @@ def test_http_and_probe_ports_are_real_sockets_chosen_by_the_kernel(
                 assert (await http_get(agent.http_port, "/readyz"))[0] == 200
 
     run(scenario())
+
+
+def test_healthz_fails_only_when_discovery_has_stopped_passing(
+    fake_node: Callable[..., FakeNode],
+) -> None:
+    node = fake_node("workstation-2x-rtx5090")
+    now = [1_000_000.0]
+
+    async def scenario() -> None:
+        cfg = config("ws", sysfs_root=node.sysfs_root, discovery_interval_s=60.0)
+        async with Agent(cfg, nvml=Nvml(node.nvml), clock=lambda: now[0]) as agent:
+            assert (await http_get(agent.http_port, "/healthz"))[0] == 200
+            now[0] += 3 * 60 + 59  # overdue, but within three intervals and a minute
+            assert (await http_get(agent.http_port, "/healthz"))[0] == 200
+            now[0] += 2
+            status, body = await http_get(agent.http_port, "/healthz")
+            assert (status, json.loads(body)["status"]) == (503, "discovery stalled")
+            await agent.discover()
+            assert (await http_get(agent.http_port, "/healthz"))[0] == 200
+
+    run(scenario())
