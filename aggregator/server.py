@@ -25,6 +25,7 @@ from aiohttp import web
 from google.protobuf import json_format
 
 from aggregator.ingest import ReporterService
+from aggregator.probes import ProbeCoordinator
 from aggregator.service import PlacementService, topology_to_proto
 from aggregator.state import ClusterState
 from gputopo.v1 import placement_pb2_grpc as pgrpc
@@ -48,6 +49,8 @@ class AggregatorConfig:
     reservation_ttl_s: float = 60.0
     housekeeping_interval_s: float = 1.0
     default_policy: str | None = None
+    probe_interval_s: float = 60.0
+    probe_inference_interval_s: float = 10.0
 
 
 def _to_json(message: object) -> dict[str, object]:
@@ -71,6 +74,13 @@ class Aggregator:
             default_ttl_s=config.reservation_ttl_s,
             default_policy=config.default_policy,
         )
+        self.probes = ProbeCoordinator(interval_s=config.probe_interval_s)
+        self.reporter = ReporterService(
+            self.state,
+            heartbeat_interval_s=config.heartbeat_interval_s,
+            probes=self.probes,
+            wall_clock=clock,
+        )
         self._grpc: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
         self._housekeeping: asyncio.Task[None] | None = None
@@ -91,10 +101,7 @@ class Aggregator:
                 ("grpc.http2.min_ping_interval_without_data_ms", 5000),
             ]
         )
-        rgrpc.add_ReporterServicer_to_server(
-            ReporterService(self.state, heartbeat_interval_s=self.config.heartbeat_interval_s),
-            server,
-        )
+        rgrpc.add_ReporterServicer_to_server(self.reporter, server)
         pgrpc.add_PlacementServicer_to_server(self.placement, server)
         address = f"{self.config.grpc_host}:{self.config.grpc_port}"
         self.grpc_port = server.add_insecure_port(address)
@@ -151,7 +158,13 @@ class Aggregator:
         msg = topology_to_proto(snapshot, self.state, nodes=[name])
         return web.json_response(_to_json(msg.nodes[0]))
 
+    def refresh_probe_tiers(self) -> list[str]:
+        """Infer tiers from the probe results so far; returns the nodes whose topology moved."""
+        changed = self.state.sources.set_probe_tiers(self.probes.refresh())
+        return self.state.refresh_fabric(changed) if changed else []
+
     async def _housekeep(self) -> None:
+        last_inference = self.clock()
         while True:
             await asyncio.sleep(self.config.housekeeping_interval_s)
             expired = self.state.expire()
@@ -164,6 +177,9 @@ class Aggregator:
                     node,
                     "stale" if node in self.state.stale_nodes() else "reporting again",
                 )
+            if self.clock() - last_inference >= self.config.probe_inference_interval_s:
+                last_inference = self.clock()
+                self.refresh_probe_tiers()
 
     async def stop(self, *, grace_s: float = 2.0) -> None:
         """Stop serving: refuse new calls, let in-flight ones finish within the grace period."""
