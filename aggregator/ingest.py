@@ -11,9 +11,12 @@ Contract, per message:
 - Ordering, replay and staleness are `aggregator.state`'s rules: a report not newer than the
   accepted one is IGNORED, a delta without its snapshot gets RESYNC.
 - One stream per node. A second stream for a node whose incarnation is at least the current
-  stream's replaces it (the old one is cancelled: a restarted exporter, or a reconnect while
-  the old connection is half-dead); one with an older incarnation is refused with
-  ALREADY_EXISTS, so two exporters claiming one node cannot take turns.
+  stream's replaces it (a restarted exporter, or a reconnect while the old connection is
+  half-dead): the old stream is ended with ABORTED at its next message, and nothing it sends
+  is applied any more. One with an older incarnation is refused with ALREADY_EXISTS, so two
+  exporters claiming one node cannot take turns. (Reads stay in the handler's own task:
+  racing a read against another event from a second task loses messages in grpc.aio under
+  load.)
 - Every message is acknowledged; acknowledgements carry probe targets when it is the node's
   turn (`aggregator.probes`), and peer probe results in deltas feed the probe inference.
 """
@@ -127,17 +130,13 @@ class ReporterService(rgrpc.ReporterServicer):
         node = ""
         claim: _Claim | None = None
         self.stats.streams += 1
-        messages = aiter(request_iterator)
         try:
-            while True:
-                msg = await self._next(messages, claim)
-                if msg is None:
-                    if claim is not None and claim.superseded.is_set():
-                        await context.abort(
-                            grpc.StatusCode.ABORTED,
-                            f"node_name: a newer stream reports {node!r}; this one is closed",
-                        )
-                    return
+            async for msg in request_iterator:
+                if claim is not None and claim.superseded.is_set():
+                    await context.abort(
+                        grpc.StatusCode.ABORTED,
+                        f"node_name: a newer stream reports {node!r}; this one is closed",
+                    )
                 kind = msg.WhichOneof("payload") or "none"
                 try:
                     self._check_envelope(msg, node)
@@ -166,24 +165,6 @@ class ReporterService(rgrpc.ReporterServicer):
             self.stats.streams -= 1
             if node and self._claims.get(node) is claim:
                 del self._claims[node]
-
-    @staticmethod
-    async def _next(
-        messages: AsyncIterator[rpb.ReportRequest], claim: _Claim | None
-    ) -> rpb.ReportRequest | None:
-        """The next message, or None when the stream ended or was superseded."""
-        if claim is None:
-            return await anext(messages, None)
-        read = asyncio.ensure_future(anext(messages, None))
-        stop = asyncio.ensure_future(claim.superseded.wait())
-        try:
-            await asyncio.wait({read, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-        if claim.superseded.is_set():
-            read.cancel()
-            return None
-        return await read
 
     def _claim(self, node: str, incarnation: int) -> _Claim | None:
         """Take the node for this stream; None when a newer exporter holds it."""

@@ -186,6 +186,11 @@ class Aggregator:
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+                # Thousands of exporters reconnect at once after a restart or a failover; Core
+                # cancels calls beyond its pending-request limit (1,000 by default) before the
+                # event loop can take them, so let them queue.
+                ("grpc.server.max_pending_requests", 50_000),
+                ("grpc.server.max_pending_requests_hard_limit", 100_000),
             ]
         )
         rgrpc.add_ReporterServicer_to_server(self.reporter, server)

@@ -280,9 +280,14 @@ def test_a_newer_stream_for_a_node_replaces_the_old_one_and_an_older_exporter_is
         second = stub.Report()  # the same exporter reconnected; the first is half-dead
         await second.write(beat(2))
         assert (await second.read()).status == ACCEPTED
+        # Whatever still comes on the old stream ends it and is not applied.
+        await first.write(delta_msg(3, NodeDelta(problems=("from the old stream",))))
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await first.read()
         assert info.value.code() is grpc.StatusCode.ABORTED
+        rec = agg.state.record("n1")
+        assert rec is not None
+        assert rec.sequence == 2
         stale = stub.Report()  # an exporter process older than the current one
         await stale.write(snapshot_msg(50, incarnation=99))
         with pytest.raises(grpc.aio.AioRpcError) as info:
