@@ -156,5 +156,15 @@ class DomainIndex:
         """Whether a tier value names switch groups under more than one parent path."""
         return len(self._raw_tiers.get(tier, {}).get(raw, ())) > 1
 
+    def nodes_with_tier_value(self, tier: int, raw: str) -> set[str]:
+        """Nodes whose tier `tier` has the raw value `raw` (under any parent)."""
+        level = self._levels.get(tier_level(tier), {})
+        out: set[str] = set()
+        for path in self._raw_tiers.get(tier, {}).get(raw, ()):
+            stats = level.get(path)
+            if stats is not None:
+                out |= stats.nodes
+        return out
+
     def __len__(self) -> int:
         return len(self._entries)

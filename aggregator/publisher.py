@@ -158,13 +158,16 @@ class LabelPublisher:
         self._printed: dict[str, tuple[tuple[str, str | None], ...]] = {}
         self._idle = asyncio.Event()
         self._rng = random.Random()
+        self._node_domain: dict[str, str] = {}
+        self._domain_totals: dict[str, int] = {}
+        self._ambiguous: dict[tuple[int, str], bool] = {}
 
     # --- the loop ----------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Publish until cancelled."""
         self._started = self._clock()
-        unsubscribe = self.state.subscribe(lambda kind, node: self.mark(node))
+        unsubscribe = self.state.subscribe(self._changed)
         tasks = [asyncio.create_task(self._watch_loop(), name="labels-watch")]
         tasks += [asyncio.create_task(self._scheduler(), name="labels-scheduler")]
         tasks += [
@@ -180,6 +183,34 @@ class LabelPublisher:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    def _changed(self, kind: str, node: str) -> None:
+        """A node changed: it, and the nodes whose labels depend on it, may need a patch.
+
+        Two labels depend on other nodes: the NVLink domain size (the whole domain's GPUs) and
+        a tier value that became ambiguous (reused under another parent) or stopped being so.
+        When either moves, every node it concerns is marked, not only the one that reported.
+        """
+        self.mark(node)
+        index = self.state.index
+        domain = index.domain_of(node, NVLINK)
+        previous = self._node_domain.pop(node, None)
+        if domain is not None:
+            self._node_domain[node] = domain
+        for d in {x for x in (domain, previous) if x is not None}:
+            stats = index.stats(NVLINK, d)
+            total = stats.total_gpus if stats else 0
+            if self._domain_totals.get(d) != total:
+                self._domain_totals[d] = total
+                for mate in stats.nodes if stats else ():
+                    self.mark(mate)
+        rec = self.state.record(node)
+        for tier, raw in enumerate(rec.topology.fabric.tiers if rec else ()):
+            ambiguous = index.tier_value_is_ambiguous(tier, raw)
+            if self._ambiguous.get((tier, raw), False) != ambiguous:
+                self._ambiguous[(tier, raw)] = ambiguous
+                for other in index.nodes_with_tier_value(tier, raw):
+                    self.mark(other)
 
     def mark(self, node: str, *, now: bool = False) -> None:
         """Note that a node's labels may need a patch."""

@@ -184,6 +184,31 @@ def test_a_restart_patches_nothing_when_nothing_changed(
     run(body())
 
 
+def test_the_nvlink_domain_size_follows_the_rack_as_its_trays_join(
+    kube_apiserver: KubeApiServer, kube_scope: KubeScope
+) -> None:
+    trays = [t for t in cluster(kube_scope, spines=1, leaves=1, nodes=4) if t.gpus[0].fabric]
+    assert len(trays) == 4
+
+    async def body() -> None:
+        await create_nodes(kube_apiserver, [t.name for t in trays])
+        async with aggregator(kube_apiserver) as agg:
+            assert agg.publisher is not None
+            for joined in range(1, len(trays) + 1):
+                # Each tray joins and is labelled before the next: the earlier trays' domain
+                # size must grow with it although they did not report anything new.
+                async with exporters(agg, trays[joined - 1 : joined]):
+                    await agg.publisher.wait_idle(30)
+                nodes = await read_nodes(kube_apiserver, kube_scope.prefix)
+                sizes = {
+                    nodes[t.name].labels.get("gputopo.io/nvlink-domain-size")
+                    for t in trays[:joined]
+                }
+                assert sizes == {str(8 * joined)}, (joined, sizes)
+
+    run(body())
+
+
 def test_a_node_that_stops_reporting_is_labelled_stale(
     kube_apiserver: KubeApiServer, kube_scope: KubeScope
 ) -> None:
