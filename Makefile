@@ -53,3 +53,10 @@ proto: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# Tests marked `prometheus` scrape the aggregator with a real Prometheus (Debian package).
+unit: prometheus
+
+.PHONY: prometheus
+prometheus:
+	@scripts/ensure-prometheus.sh
