@@ -38,8 +38,8 @@ from aggregator.probes import ProbeCoordinator
 from aggregator.publisher import LabelPublisher, PublisherConfig, node_facts
 from aggregator.schedwriter import SchedulerObjectWriter
 from aggregator.service import PlacementService
-from aggregator.state import ClusterState
-from gputopo.inventory import load_inventory
+from aggregator.state import ClusterState, Reservation
+from gputopo.inventory import Inventory, inventory_topologies, load_inventory
 from gputopo.v1 import placement_pb2_grpc as pgrpc
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
@@ -77,6 +77,9 @@ class AggregatorConfig:
     housekeeping_interval_s: float = 1.0
     default_policy: str | None = None
     inventory_path: str | None = None
+    # Also serve the inventory's nodes as static ones (machine profile + `used` GPUs held):
+    # a cluster simulated from an inventory file, no exporters needed.
+    inventory_nodes: bool = False
     probe_interval_s: float = 60.0
     probe_inference_interval_s: float = 10.0
     kube: KubeOptions = field(default_factory=KubeOptions)
@@ -101,6 +104,8 @@ class Aggregator:
             stale_after_s=config.stale_after_s,
             sources=FabricSources(inventory=inventory),
         )
+        if inventory is not None and config.inventory_nodes:
+            self._add_inventory_nodes(inventory)
         self.probes = ProbeCoordinator(interval_s=config.probe_interval_s)
         self.reporter = ReporterService(
             self.state,
@@ -164,6 +169,21 @@ class Aggregator:
         self._writers: list[asyncio.Task[None]] = []
         self.grpc_port = 0
         self.http_port = 0
+
+    def _add_inventory_nodes(self, inventory: Inventory) -> None:
+        topologies, used = inventory_topologies(inventory)
+        for topo in topologies:
+            self.state.add_static(topo)
+        self.state.restore(
+            Reservation(
+                id=f"inventory-used-{node}",
+                gpus={node: gpus},
+                expires_at=None,
+                owner="inventory",
+                job="inventory/used",
+            )
+            for node, gpus in used.items()
+        )
 
     @property
     def grpc_target(self) -> str:
@@ -283,11 +303,7 @@ class Aggregator:
             else:
                 self.elector.abandon()
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _cancel(tasks)
         if release_lease:
             await self._follow()
         else:
@@ -299,8 +315,13 @@ class Aggregator:
 
     async def _drop_writers(self) -> None:
         writers, self._writers = self._writers, []
-        for task in writers:
-            task.cancel()
-        for task in writers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _cancel(writers)
+
+
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel tasks and wait until they are done."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -42,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="static inventory (topograph's model YAML): the highest-precedence fabric source",
     )
+    parser.add_argument(
+        "--inventory-nodes",
+        action="store_true",
+        help="also serve the inventory's nodes from their machine profiles (a simulated cluster)",
+    )
     kube = parser.add_argument_group("Kubernetes (labels, scheduler objects, leader election)")
     kube.add_argument(
         "--kubeconfig",
@@ -141,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         reservation_ttl_s=args.reservation_ttl,
         default_policy=args.policy,
         inventory_path=args.inventory,
+        inventory_nodes=args.inventory_nodes,
         kube=kube_options,
     )
     kube: KubeClient | None = None

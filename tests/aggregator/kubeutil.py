@@ -7,7 +7,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import yaml
 
@@ -42,6 +42,7 @@ async def aggregator(
     token: str | None = None,
     impersonate: str | None = None,
     inventory_path: str | None = None,
+    out: TextIO | None = None,
 ) -> AsyncIterator[Aggregator]:
     """An aggregator with a Kubernetes client of its own, stopped (gracefully) on exit."""
     client = KubeClient(kube.api_client(token, impersonate=impersonate))
@@ -54,6 +55,7 @@ async def aggregator(
             kube=options or KubeOptions(publisher=fast_publisher()),
         ),
         kube=client,
+        out=out,
     )
     await agg.start()
     try:
@@ -104,6 +106,25 @@ async def read_nodes(kube: KubeApiServer, prefix: str) -> dict[str, NodeObject]:
     finally:
         client.close()
     return {n.name: n for n in nodes if n.name.startswith(prefix)}
+
+
+async def resource_versions(kube: KubeApiServer, prefix: str) -> dict[str, str]:
+    """Node name -> resource version, for the nodes whose names start with `prefix`."""
+    return {n: o.resource_version for n, o in (await read_nodes(kube, prefix)).items()}
+
+
+def create_pods(kube: KubeApiServer, scope: KubeScope, names: Iterable[str]) -> None:
+    """Pod objects standing for aggregator replicas (no kubelet runs them)."""
+    with kube.json_session() as session:
+        for name in names:
+            body = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": scope.namespace},
+                "spec": {"containers": [{"name": "aggregator", "image": "gputopo"}]},
+            }
+            path = f"/api/v1/namespaces/{scope.namespace}/pods"
+            assert session.request("POST", path, body=body).ok
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], *, timeout_s: float, what: str) -> float:

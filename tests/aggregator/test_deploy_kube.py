@@ -15,6 +15,7 @@ from aggregator.server import LEADER_POD_LABEL, KubeOptions
 from tests.aggregator.kubeutil import (
     aggregator,
     create_nodes,
+    create_pods,
     eventually,
     exporters,
     fast_publisher,
@@ -126,16 +127,7 @@ def test_the_aggregator_works_as_its_service_account_and_is_refused_the_rest(
         spines=1, leaves_per_spine=2, nodes_per_leaf=2, prefix=kube_scope.name("g")
     )
     pod = kube_scope.name("aggregator-0")
-    with kube_apiserver.json_session() as session:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": pod, "namespace": kube_scope.namespace},
-            "spec": {"containers": [{"name": "aggregator", "image": "gputopo"}]},
-        }
-        assert session.request(
-            "POST", f"/api/v1/namespaces/{kube_scope.namespace}/pods", body=body
-        ).ok
+    create_pods(kube_apiserver, kube_scope, [pod])
     options = KubeOptions(
         publisher=fast_publisher(),
         scheduler_objects=("kueue", "volcano"),

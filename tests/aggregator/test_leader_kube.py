@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from typing import Any
 
 from aggregator.kube import KubeClient
 from aggregator.leader import LeaseConfig
-from aggregator.server import LEADER_POD_LABEL, Aggregator, AggregatorConfig, KubeOptions
+from aggregator.server import LEADER_POD_LABEL, KubeOptions
 from tests.aggregator.kubeutil import (
+    aggregator,
     create_nodes,
+    create_pods,
     eventually,
     exporters,
     fast_publisher,
-    read_nodes,
+    resource_versions,
     run,
 )
 from tests.builders import fabric_cluster
@@ -41,39 +42,9 @@ def options(scope: KubeScope, identity: str) -> KubeOptions:
     )
 
 
-@asynccontextmanager
-async def replica(
-    kube: KubeApiServer, scope: KubeScope, identity: str
-) -> AsyncIterator[Aggregator]:
-    client = KubeClient(kube.api_client())
-    agg = Aggregator(
-        AggregatorConfig(
-            heartbeat_interval_s=0.2,
-            housekeeping_interval_s=0.1,
-            kube=options(scope, scope.name(identity)),
-        ),
-        kube=client,
-    )
-    await agg.start()
-    try:
-        yield agg
-    finally:
-        await agg.stop(grace_s=0.1)
-        client.close()
-
-
-def create_pods(kube: KubeApiServer, scope: KubeScope, names: list[str]) -> None:
-    with kube.json_session() as session:
-        for name in names:
-            body = {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name, "namespace": scope.namespace},
-                "spec": {"containers": [{"name": "aggregator", "image": "gputopo"}]},
-            }
-            assert session.request(
-                "POST", f"/api/v1/namespaces/{scope.namespace}/pods", body=body
-            ).ok
+def replica(kube: KubeApiServer, scope: KubeScope, identity: str) -> Any:
+    """One aggregator replica taking part in the election."""
+    return aggregator(kube, options=options(scope, scope.name(identity)))
 
 
 def leader_pods(kube: KubeApiServer, scope: KubeScope) -> list[str]:
@@ -114,10 +85,7 @@ def test_killing_the_leader_hands_over_within_the_lease_and_nothing_is_relabelle
                 assert a.publisher.stats.patches == len(names)
                 assert b.publisher is not None
                 assert b.publisher.stats.planned == 0, "the follower wrote"
-                before = {
-                    n: o.resource_version
-                    for n, o in (await read_nodes(kube_apiserver, kube_scope.prefix)).items()
-                }
+                before = await resource_versions(kube_apiserver, kube_scope.prefix)
 
                 await a.stop(grace_s=0.1, release_lease=False)  # a crash: no release
                 killed = time.monotonic()
@@ -137,10 +105,7 @@ def test_killing_the_leader_hands_over_within_the_lease_and_nothing_is_relabelle
                     await b.publisher.wait_idle(30)
                     assert b.publisher.stats.warm
                     assert b.publisher.stats.patches == 0, "the new leader relabelled"
-                after = {
-                    n: o.resource_version
-                    for n, o in (await read_nodes(kube_apiserver, kube_scope.prefix)).items()
-                }
+                after = await resource_versions(kube_apiserver, kube_scope.prefix)
                 assert after == before
 
     run(body())

@@ -19,6 +19,7 @@ from tests.aggregator.kubeutil import (
     exporters,
     fast_publisher,
     read_nodes,
+    resource_versions,
     run,
 )
 from tests.builders import fabric_cluster
@@ -157,10 +158,7 @@ def test_a_restart_patches_nothing_when_nothing_changed(
             assert first.publisher is not None
             await first.publisher.wait_idle(30)
             assert first.publisher.stats.patches == len(names)
-        before = {
-            n: o.resource_version
-            for n, o in (await read_nodes(kube_apiserver, kube_scope.prefix)).items()
-        }
+        before = await resource_versions(kube_apiserver, kube_scope.prefix)
         # A new aggregator process: empty state, rebuilt from the streams and the Node objects.
         # The rack's nodes report one by one; the warm-up keeps the NVLink domain size (which
         # depends on all of them) from being relabelled while the rack is half known.
@@ -175,10 +173,7 @@ def test_a_restart_patches_nothing_when_nothing_changed(
                 assert second.publisher.stats.warm
                 assert second.publisher.stats.planned == 0
                 assert second.publisher.stats.patches == 0
-        after = {
-            n: o.resource_version
-            for n, o in (await read_nodes(kube_apiserver, kube_scope.prefix)).items()
-        }
+        after = await resource_versions(kube_apiserver, kube_scope.prefix)
         assert after == before
 
     run(body())
@@ -287,22 +282,18 @@ def test_dry_run_prints_the_patches_and_writes_nothing(
 
     async def body() -> None:
         await create_nodes(kube_apiserver, [t.name for t in topologies])
-        before = {
-            n: o.resource_version
-            for n, o in (await read_nodes(kube_apiserver, kube_scope.prefix)).items()
-        }
+        before = await resource_versions(kube_apiserver, kube_scope.prefix)
         out = io.StringIO()
         options = KubeOptions(publisher=fast_publisher(dry_run=True))
-        async with aggregator(kube_apiserver, options=options) as agg, exporters(agg, topologies):
+        async with (
+            aggregator(kube_apiserver, options=options, out=out) as agg,
+            exporters(agg, topologies),
+        ):
             assert agg.publisher is not None
-            agg.publisher._out = out
             await agg.publisher.wait_idle(30)
             assert agg.publisher.stats.patches == 0
             assert agg.publisher.stats.planned == 2
-        after = {
-            n: o.resource_version
-            for n, o in (await read_nodes(kube_apiserver, kube_scope.prefix)).items()
-        }
+        after = await resource_versions(kube_apiserver, kube_scope.prefix)
         assert after == before
         lines = out.getvalue().splitlines()
         for topo in topologies:
