@@ -19,6 +19,8 @@ Contract, per message:
   load.)
 - Every message is acknowledged; acknowledgements carry probe targets when it is the node's
   turn (`aggregator.probes`), and peer probe results in deltas feed the probe inference.
+  Every message states the node's probe address (as `exporter.stream` sends it); an empty
+  one means the node does not answer probes.
 """
 
 from __future__ import annotations

@@ -161,19 +161,29 @@ class KubeClient:
 
     @classmethod
     def from_kubeconfig(cls, path: str | None = None, *, context: str | None = None) -> KubeClient:
-        """From a kubeconfig file (default: $KUBECONFIG or ~/.kube/config)."""
-        api = k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=path, context=context
-        )
+        """From a kubeconfig file (default: $KUBECONFIG or ~/.kube/config).
+
+        Raises KubeError saying which file could not be used and why.
+        """
+        try:
+            api = k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
+                config_file=path, context=context
+            )
+        except Exception as err:  # the client raises several unrelated types here
+            where = path or "$KUBECONFIG or ~/.kube/config"
+            raise KubeError(0, f"cannot use kubeconfig {where}: {err}") from None
         return cls(api)
 
     @classmethod
     def in_cluster(cls) -> KubeClient:
         """From the pod's service account."""
         configuration = k8s.Configuration()
-        k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
-            client_configuration=configuration
-        )
+        try:
+            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+        except Exception as err:  # not in a pod, or no service account mounted
+            raise KubeError(0, f"no in-cluster configuration (not in a pod?): {err}") from None
         return cls(k8s.ApiClient(configuration))
 
     def close(self) -> None:

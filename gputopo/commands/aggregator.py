@@ -110,11 +110,12 @@ def run(args: argparse.Namespace) -> int:
     import socket
     import sys
 
-    from aggregator.kube import KubeClient
+    from aggregator.kube import KubeClient, KubeError
     from aggregator.labels import LabelScheme
     from aggregator.leader import LeaseConfig
     from aggregator.publisher import PublisherConfig
     from aggregator.server import Aggregator, AggregatorConfig, KubeOptions
+    from gputopo.inventory import InventoryError
 
     pod_namespace = os.environ.get("POD_NAMESPACE", "")
     pod_name = os.environ.get("POD_NAME", "")
@@ -150,10 +151,14 @@ def run(args: argparse.Namespace) -> int:
         kube=kube_options,
     )
     kube: KubeClient | None = None
-    if args.in_cluster:
-        kube = KubeClient.in_cluster()
-    elif args.kubeconfig:
-        kube = KubeClient.from_kubeconfig(args.kubeconfig)
+    try:
+        if args.in_cluster:
+            kube = KubeClient.in_cluster()
+        elif args.kubeconfig:
+            kube = KubeClient.from_kubeconfig(args.kubeconfig)
+    except KubeError as err:
+        print(f"gputopo aggregator: {err}", file=sys.stderr)
+        return 2
 
     async def serve() -> None:
         agg = Aggregator(config, kube=kube, out=sys.stdout)
@@ -170,6 +175,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(serve())
+    except (OSError, InventoryError) as err:
+        print(f"gputopo aggregator: {err}", file=sys.stderr)
+        return 2
     finally:
         if kube is not None:
             kube.close()

@@ -20,6 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo."""
+    import sys
+
+    from aggregator.kube import KubeError
     from gputopo.demo import main
 
-    return main(as_json=args.json, kubeconfig=args.kubeconfig)
+    try:
+        return main(as_json=args.json, kubeconfig=args.kubeconfig)
+    except KubeError as err:
+        print(f"gputopo demo: {err}", file=sys.stderr)
+        return 2 if err.status == 0 else 1

@@ -13,8 +13,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from aggregator.server import Aggregator, AggregatorConfig
 from exporter.simulate import SimulatedExporters
+from gputopo.cli import main
 from gputopo.placement import place
 from gputopo.request import request_from_mapping
 from tests.aggregator.kubeutil import create_nodes, read_nodes, run
@@ -143,3 +146,30 @@ def test_the_command_prints_its_dry_run_patches_and_writes_nothing(
     assert {n: o.resource_version for n, o in after.items()} == {
         n: o.resource_version for n, o in before.items()
     }
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(
+            ["aggregator", "--kubeconfig", "/nonexistent/kubeconfig", "--grpc-port=0"],
+            "cannot use kubeconfig /nonexistent/kubeconfig",
+            id="a kubeconfig that is not there",
+        ),
+        pytest.param(
+            ["demo", "--kubeconfig", "/nonexistent/kubeconfig"],
+            "cannot use kubeconfig /nonexistent/kubeconfig",
+            id="the demo with a kubeconfig that is not there",
+        ),
+        pytest.param(
+            ["aggregator", "--inventory", "/nonexistent/inventory.yaml", "--grpc-port=0"],
+            "/nonexistent/inventory.yaml",
+            id="an inventory that is not there",
+        ),
+    ],
+)
+def test_bad_input_is_a_message_and_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
