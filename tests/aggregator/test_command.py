@@ -173,3 +173,30 @@ def test_bad_input_is_a_message_and_exit_2(
 ) -> None:
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_export_reads_a_running_aggregator(capsys: pytest.CaptureFixture[str]) -> None:
+    nodes = fabric_cluster(spines=1, leaves_per_spine=2, nodes_per_leaf=2, prefix="x")
+
+    async def body() -> int:
+        agg = Aggregator(AggregatorConfig(http_port=0, heartbeat_interval_s=0.2))
+        await agg.start()
+        try:
+            async with SimulatedExporters(nodes, target=agg.grpc_target) as sim:
+                await sim.wait_acked()
+                url = f"http://127.0.0.1:{agg.http_port}"
+                return await asyncio.to_thread(main, ["export", "slurm", "--aggregator", url])
+        finally:
+            await agg.stop(grace_s=0.1)
+
+    assert run(body()) == 0
+    assert capsys.readouterr().out == (
+        "# switch.3.1=core\n"
+        "SwitchName=switch.3.1 Switches=switch.2.1\n"
+        "# switch.2.1=spine-0\n"
+        "SwitchName=switch.2.1 Switches=switch.1.[1-2]\n"
+        "# switch.1.1=leaf-0-0\n"
+        "SwitchName=switch.1.1 Nodes=x-00-[0-1]\n"
+        "# switch.1.2=leaf-0-1\n"
+        "SwitchName=switch.1.2 Nodes=x-01-[0-1]\n"
+    )
