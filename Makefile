@@ -54,17 +54,13 @@ proto: $(STAMP)
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
-# Tests marked `prometheus` scrape the exporter with a real Prometheus server: Debian's package,
-# installed here when it is missing (needs root for apt-get, like the kube-apiserver build).
+# Tests marked `prometheus` scrape the exporter and the aggregator with a real Prometheus
+# (Debian's package, installed once when missing; needs root for apt-get, like the
+# kube-apiserver build).
 .PHONY: prometheus test-gpu
 unit: prometheus
 prometheus:
-	@command -v prometheus >/dev/null || test -x /usr/bin/prometheus || { \
-	  test "$$(id -u)" = 0 || { echo "prometheus is missing: run 'sudo apt-get install prometheus'"; exit 1; }; \
-	  echo "installing Debian's prometheus package for the metrics tests"; \
-	  export DEBIAN_FRONTEND=noninteractive; \
-	  { apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || \
-	    { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }; }; }
+	@scripts/ensure-prometheus.sh
 
 # Tests marked `gpu` need an NVIDIA GPU and driver. `make test` deselects them explicitly (they
 # are not collected as skips that would look like passes); `make test-gpu` runs only them, with

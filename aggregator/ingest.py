@@ -1,25 +1,56 @@
 """The Reporter gRPC service: exporters stream their node's topology here.
 
-Every message is validated before it touches the state; a message that is not valid ends the
-stream with INVALID_ARGUMENT naming the field (the exporter reconnects and starts over with a
-snapshot). Ordering, replay and staleness rules live in `aggregator.state`; this module only
-translates between the wire and the state and answers every message with an acknowledgement.
+Contract, per message:
+
+- Validation first. A message that is not valid ends the stream with INVALID_ARGUMENT naming
+  the field (`delta.gpus[0].index: ...`); the exporter reconnects and starts over with a
+  snapshot. Nothing of an invalid message reaches the state. Checked: the node name is a valid
+  Kubernetes node name and stays the same on a stream, incarnation and sequence are set, the
+  probe address is host:port, every enum is known, GPUs and NICs are numbered 0..n-1 (also
+  after a delta is applied), links join devices that exist, measurements are finite.
+- Ordering, replay and staleness are `aggregator.state`'s rules: a report not newer than the
+  accepted one is IGNORED, a delta without its snapshot gets RESYNC.
+- One stream per node. A second stream for a node whose incarnation is at least the current
+  stream's replaces it (a restarted exporter, or a reconnect while the old connection is
+  half-dead): the old stream is ended with ABORTED at its next message, and nothing it sends
+  is applied any more. One with an older incarnation is refused with ALREADY_EXISTS, so two
+  exporters claiming one node cannot take turns. (Reads stay in the handler's own task:
+  racing a read against another event from a second task loses messages in grpc.aio under
+  load.)
+- Every message is acknowledged; acknowledgements carry probe targets when it is the node's
+  turn (`aggregator.probes`), and peer probe results in deltas feed the probe inference.
+  Every message states the node's probe address (as `exporter.stream` sends it); an empty
+  one means the node does not answer probes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+import math
+import re
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
 
+from aggregator.probes import ProbeCoordinator
 from aggregator.state import ClusterState, ReportOutcome
-from gputopo.codec import CodecError, delta_from_proto, topology_from_proto
+from gputopo.codec import (
+    CodecError,
+    delta_from_proto,
+    peer_probe_from_proto,
+    topology_from_proto,
+)
+from gputopo.delta import NodeDelta
+from gputopo.topology import DeviceKind, NodeTopology
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
-__all__ = ["ReporterService"]
+__all__ = ["FRESHNESS_BUCKETS", "IngestStats", "ReporterService", "validate_node_name"]
 
 log = logging.getLogger(__name__)
 
@@ -28,15 +59,74 @@ _STATUS = {
     ReportOutcome.IGNORED: rpb.ReportResponse.STATUS_IGNORED,
     ReportOutcome.RESYNC: rpb.ReportResponse.STATUS_RESYNC,
 }
+# Kubernetes node names are DNS-1123 subdomains: the labels published go on a Node by this name.
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
+
+# Seconds from an exporter sending a report to the state having applied it.
+FRESHNESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(slots=True)
+class IngestStats:
+    """What ingest has seen, for metrics: plain counts, read by the collector."""
+
+    messages: Counter[tuple[str, str]] = field(default_factory=Counter)  # (kind, outcome)
+    rejected: Counter[str] = field(default_factory=Counter)  # field path, indices dropped
+    superseded: int = 0
+    refused: int = 0
+    streams: int = 0
+    freshness_buckets: list[int] = field(default_factory=lambda: [0] * len(FRESHNESS_BUCKETS))
+    freshness_count: int = 0
+    freshness_sum: float = 0.0
+
+    def observe_freshness(self, seconds: float) -> None:
+        """One report's send-to-applied time (negative skew counts as 0)."""
+        seconds = max(seconds, 0.0)
+        self.freshness_count += 1
+        self.freshness_sum += seconds
+        for i, bound in enumerate(FRESHNESS_BUCKETS):
+            if seconds <= bound:
+                self.freshness_buckets[i] += 1
+
+
+def validate_node_name(name: str, path: str = "node_name") -> None:
+    """CodecError unless `name` can name a Kubernetes Node."""
+    if not name:
+        raise CodecError(path, "is required")
+    if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        raise CodecError(
+            path,
+            f"{name[:80]!r} is not a Kubernetes node name (lower-case DNS subdomain, "
+            "at most 253 characters)",
+        )
+
+
+@dataclass(slots=True)
+class _Claim:
+    incarnation: int
+    superseded: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class ReporterService(rgrpc.ReporterServicer):
-    """Applies exporter reports to the cluster state."""
+    """Applies exporter reports to the cluster state (see the module docstring)."""
 
-    def __init__(self, state: ClusterState, *, heartbeat_interval_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        state: ClusterState,
+        *,
+        heartbeat_interval_s: float = 5.0,
+        probes: ProbeCoordinator | None = None,
+        stats: IngestStats | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self._state = state
         self._heartbeat = Duration()
         self._heartbeat.FromNanoseconds(int(heartbeat_interval_s * 1e9))
+        self._probes = probes
+        self.stats = stats or IngestStats()
+        self._wall = wall_clock
+        self._claims: dict[str, _Claim] = {}
 
     async def Report(  # noqa: N802 - gRPC method name
         self,
@@ -45,25 +135,59 @@ class ReporterService(rgrpc.ReporterServicer):
     ) -> AsyncIterator[rpb.ReportResponse]:
         """One stream per node: validate, apply, acknowledge every message."""
         node = ""
-        async for msg in request_iterator:
-            try:
-                outcome = self._apply(msg, node)
-            except CodecError as err:
-                log.warning("rejected report from %s: %s", msg.node_name or "?", err)
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-            node = msg.node_name
-            rec = self._state.record(node)
-            yield rpb.ReportResponse(
-                status=_STATUS[outcome],
-                acked_sequence=msg.sequence if outcome is ReportOutcome.ACCEPTED else 0,
-                message="send a snapshot" if outcome is ReportOutcome.RESYNC else "",
-                heartbeat_interval=self._heartbeat,
-                topology_generation=rec.generation if rec is not None else 0,
-            )
+        claim: _Claim | None = None
+        self.stats.streams += 1
+        try:
+            async for msg in request_iterator:
+                if claim is not None and claim.superseded.is_set():
+                    await context.abort(
+                        grpc.StatusCode.ABORTED,
+                        f"node_name: a newer stream reports {node!r}; this one is closed",
+                    )
+                kind = msg.WhichOneof("payload") or "none"
+                try:
+                    self._check_envelope(msg, node)
+                    if not node:
+                        claim = self._claim(msg.node_name, msg.incarnation)
+                        if claim is None:
+                            self.stats.refused += 1
+                            await context.abort(
+                                grpc.StatusCode.ALREADY_EXISTS,
+                                f"node_name: {msg.node_name!r} is reported by a newer exporter "
+                                f"on another stream (incarnation "
+                                f"{self._claims[msg.node_name].incarnation})",
+                            )
+                        node = msg.node_name
+                    elif claim is not None and msg.incarnation > claim.incarnation:
+                        claim.incarnation = msg.incarnation
+                    outcome, probes = self._apply(msg, kind)
+                except CodecError as err:
+                    self.stats.rejected[re.sub(r"\[\d+\]", "[]", err.field)] += 1
+                    self.stats.messages[(kind, "rejected")] += 1
+                    log.warning("rejected report from %s: %s", msg.node_name or "?", err)
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+                self.stats.messages[(kind, outcome.value)] += 1
+                yield self._response(msg, outcome, probes)
+        finally:
+            self.stats.streams -= 1
+            if node and self._claims.get(node) is claim:
+                del self._claims[node]
 
-    def _apply(self, msg: rpb.ReportRequest, stream_node: str) -> ReportOutcome:
-        if not msg.node_name:
-            raise CodecError("node_name", "is required")
+    def _claim(self, node: str, incarnation: int) -> _Claim | None:
+        """Take the node for this stream; None when a newer exporter holds it."""
+        held = self._claims.get(node)
+        if held is not None:
+            if incarnation < held.incarnation:
+                return None
+            self.stats.superseded += 1
+            log.info("a new stream for %s replaces the previous one", node)
+            held.superseded.set()
+        claim = _Claim(incarnation)
+        self._claims[node] = claim
+        return claim
+
+    def _check_envelope(self, msg: rpb.ReportRequest, stream_node: str) -> None:
+        validate_node_name(msg.node_name)
         if stream_node and msg.node_name != stream_node:
             raise CodecError(
                 "node_name", f"is {msg.node_name!r}, but this stream reports {stream_node!r}"
@@ -72,8 +196,16 @@ class ReporterService(rgrpc.ReporterServicer):
             raise CodecError("incarnation", "must be set (unix nanoseconds at exporter start)")
         if msg.sequence == 0:
             raise CodecError("sequence", "must start at 1")
-        kind = msg.WhichOneof("payload")
+        if msg.probe_address:
+            match = _HOST_PORT.match(msg.probe_address)
+            if match is None or not 0 < int(match.group(2)) < 65536:
+                raise CodecError("probe_address", f"{msg.probe_address!r} is not host:port")
+
+    def _apply(
+        self, msg: rpb.ReportRequest, kind: str
+    ) -> tuple[ReportOutcome, list[tuple[str, float]]]:
         seq = {"incarnation": msg.incarnation, "sequence": msg.sequence}
+        probes: list[tuple[str, float]] = []
         if kind == "snapshot":
             topology = topology_from_proto(msg.snapshot.topology, "snapshot.topology")
             if topology.name != msg.node_name:
@@ -81,9 +213,84 @@ class ReporterService(rgrpc.ReporterServicer):
                     "snapshot.topology.name",
                     f"is {topology.name!r}, but node_name is {msg.node_name!r}",
                 )
-            return self._state.apply_snapshot(topology, **seq)
-        if kind == "delta":
-            return self._state.apply_delta(msg.node_name, delta_from_proto(msg.delta), **seq)
-        if kind == "heartbeat":
-            return self._state.heartbeat(msg.node_name, **seq)
-        raise CodecError("payload", "one of snapshot, delta or heartbeat is required")
+            outcome = self._state.apply_snapshot(topology, **seq)
+        elif kind == "delta":
+            delta = delta_from_proto(msg.delta)
+            probes = _peer_probes(msg.delta, msg.node_name)
+            rec = self._state.record(msg.node_name)
+            if rec is not None and rec.reported is not None and rec.incarnation == msg.incarnation:
+                _check_delta(rec.reported, delta)
+            outcome = self._state.apply_delta(msg.node_name, delta, **seq)
+        elif kind == "heartbeat":
+            outcome = self._state.heartbeat(msg.node_name, **seq)
+        else:
+            raise CodecError("payload", "one of snapshot, delta or heartbeat is required")
+        if outcome is ReportOutcome.ACCEPTED:
+            self._accepted(msg, kind, probes)
+        return outcome, probes
+
+    def _accepted(self, msg: rpb.ReportRequest, kind: str, probes: list[tuple[str, float]]) -> None:
+        if kind != "heartbeat" and msg.HasField("sent_at"):
+            self.stats.observe_freshness(self._wall() - msg.sent_at.ToNanoseconds() / 1e9)
+        self._state.set_probe_address(msg.node_name, msg.probe_address)
+        if self._probes is not None:
+            self._probes.address(msg.node_name, msg.probe_address)
+            for peer, rtt in probes:
+                self._probes.result(msg.node_name, peer, rtt)
+
+    def _response(
+        self, msg: rpb.ReportRequest, outcome: ReportOutcome, probes: object
+    ) -> rpb.ReportResponse:
+        rec = self._state.record(msg.node_name)
+        resp = rpb.ReportResponse(
+            status=_STATUS[outcome],
+            acked_sequence=msg.sequence if outcome is ReportOutcome.ACCEPTED else 0,
+            message="send a snapshot" if outcome is ReportOutcome.RESYNC else "",
+            heartbeat_interval=self._heartbeat,
+            topology_generation=rec.generation if rec is not None else 0,
+        )
+        if outcome is ReportOutcome.ACCEPTED and self._probes is not None:
+            for peer, address in self._probes.due(msg.node_name, self._wall()):
+                resp.probe_targets.append(rpb.ProbeTarget(node_name=peer, address=address))
+        return resp
+
+
+def _peer_probes(msg: rpb.Delta, node: str) -> list[tuple[str, float]]:
+    """(peer, RTT in µs) of a delta's probe results; results without a latency carry none."""
+    out = []
+    for i, probe in enumerate(msg.peer_probes):
+        path = f"delta.peer_probes[{i}]"
+        peer, measured = peer_probe_from_proto(probe, path)
+        validate_node_name(peer, f"{path}.peer")
+        if peer == node:
+            raise CodecError(f"{path}.peer", "a node does not probe itself")
+        if measured.latency_us is not None:
+            if not math.isfinite(measured.latency_us) or measured.latency_us <= 0:
+                raise CodecError(f"{path}.measured.latency_us", "must be a positive number")
+            out.append((peer, measured.latency_us))
+    return out
+
+
+def _check_delta(base: NodeTopology, delta: NodeDelta) -> None:
+    """CodecError unless the delta keeps devices numbered 0..n-1 and links on real devices."""
+    for kind, have, upserts in (
+        ("gpus", len(base.gpus), [g.index for g in delta.gpus]),
+        ("nics", len(base.nics), [n.index for n in delta.nics]),
+    ):
+        indices = set(range(have)) | set(upserts)
+        if indices != set(range(len(indices))):
+            i, bad = next((i, x) for i, x in enumerate(upserts) if x >= len(indices))
+            raise CodecError(
+                f"delta.{kind}[{i}].index",
+                f"is {bad}; the node has {have}, so new ones must continue at {have}",
+            )
+    counts = {
+        DeviceKind.GPU: len(set(range(len(base.gpus))) | {g.index for g in delta.gpus}),
+        DeviceKind.NIC: len(set(range(len(base.nics))) | {n.index for n in delta.nics}),
+    }
+    numa = {n.id for n in base.numa_nodes}
+    for i, link in enumerate(delta.links):
+        for end, ref in (("a", link.a), ("b", link.b)):
+            ok = ref.index in numa if ref.kind is DeviceKind.NUMA else ref.index < counts[ref.kind]
+            if not ok:
+                raise CodecError(f"delta.links[{i}].{end}", f"no such device {ref}")

@@ -1,13 +1,17 @@
-"""Run the aggregator: gRPC (Reporter, Placement) and HTTP in one asyncio loop.
+"""Run the aggregator: gRPC (Reporter, Placement), HTTP and the Kubernetes writers in one loop.
 
 `Aggregator.start()` binds the gRPC server (port 0 picks a free port; the bound port is
-reported) and the HTTP endpoints, and starts the housekeeping task that expires reservations and
-announces stale nodes. `stop()` shuts down gracefully: in-flight calls get a grace period, new
-calls are refused.
+reported), the HTTP endpoints (`aggregator.http`) and the housekeeping task (expire
+reservations, announce stale nodes, re-infer probe tiers). With a Kubernetes client it also
+runs the writers — the label publisher and, opt-in, the scheduler objects — either at once or,
+with leader election, only while this replica holds the Lease (`aggregator.leader`). The leader
+also labels its own Pod `gputopo.io/role=leader` (when it knows its Pod), so a Service selecting
+that label routes exporters and placement clients to the leader; a new leader then rebuilds its
+state from the streams that reconnect to it and from the Node objects.
 
-HTTP (aiohttp): `/healthz` (the process runs), `/readyz` (the gRPC server serves),
-`/api/v1/topology` and `/api/v1/nodes/{name}` (the same ClusterTopology / NodeState messages as
-gRPC, in protobuf's JSON mapping with field names as in the .proto).
+`stop()` shuts down gracefully: the lease is released (a successor takes over at once), the
+writers stop, in-flight calls get a grace period. `stop(release_lease=False)` is what a crash
+looks like to the other replicas, for tests.
 """
 
 from __future__ import annotations
@@ -15,24 +19,48 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TextIO
 
 import grpc
-from aiohttp import web
-from google.protobuf import json_format
+from prometheus_client import CollectorRegistry
 
+from aggregator.fabric import FabricSources
+from aggregator.http import HttpEndpoints
 from aggregator.ingest import ReporterService
-from aggregator.service import PlacementService, topology_to_proto
-from aggregator.state import ClusterState
+from aggregator.kube import KubeClient, KubeError
+from aggregator.labels import desired_labels
+from aggregator.leader import LeaderElector, LeaseConfig
+from aggregator.metrics import AggregatorCollector, Sources
+from aggregator.probes import ProbeCoordinator
+from aggregator.publisher import LabelPublisher, PublisherConfig, node_facts
+from aggregator.schedwriter import SchedulerObjectWriter
+from aggregator.service import PlacementService
+from aggregator.state import ClusterState, Reservation
+from gputopo.inventory import Inventory, inventory_topologies, load_inventory
 from gputopo.v1 import placement_pb2_grpc as pgrpc
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
-__all__ = ["Aggregator", "AggregatorConfig"]
+__all__ = ["Aggregator", "AggregatorConfig", "KubeOptions"]
 
 log = logging.getLogger(__name__)
+
+LEADER_POD_LABEL = "gputopo.io/role"
+
+
+@dataclass(frozen=True, slots=True)
+class KubeOptions:
+    """What the aggregator does with Kubernetes (only with a client)."""
+
+    publish_labels: bool = True
+    publisher: PublisherConfig = field(default_factory=PublisherConfig)
+    scheduler_objects: tuple[str, ...] = ()
+    lease: LeaseConfig | None = None  # None: no election, this replica writes
+    identity: str = ""
+    pod_name: str = ""
+    pod_namespace: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,39 +76,128 @@ class AggregatorConfig:
     reservation_ttl_s: float = 60.0
     housekeeping_interval_s: float = 1.0
     default_policy: str | None = None
-
-
-def _to_json(message: object) -> dict[str, object]:
-    return json_format.MessageToDict(
-        message,  # type: ignore[arg-type]
-        preserving_proto_field_name=True,
-        always_print_fields_with_no_presence=True,
-    )
+    inventory_path: str | None = None
+    # Also serve the inventory's nodes as static ones (machine profile + `used` GPUs held):
+    # a cluster simulated from an inventory file, no exporters needed.
+    inventory_nodes: bool = False
+    probe_interval_s: float = 60.0
+    probe_inference_interval_s: float = 10.0
+    kube: KubeOptions = field(default_factory=KubeOptions)
 
 
 class Aggregator:
     """A running aggregator (see the module docstring)."""
 
-    def __init__(self, config: AggregatorConfig, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        config: AggregatorConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        kube: KubeClient | None = None,
+        out: TextIO | None = None,
+    ) -> None:
         self.config = config
         self.clock = clock
-        self.state = ClusterState(clock=clock, stale_after_s=config.stale_after_s)
+        inventory = load_inventory(config.inventory_path) if config.inventory_path else None
+        self.state = ClusterState(
+            clock=clock,
+            stale_after_s=config.stale_after_s,
+            sources=FabricSources(inventory=inventory),
+        )
+        if inventory is not None and config.inventory_nodes:
+            self._add_inventory_nodes(inventory)
+        self.probes = ProbeCoordinator(interval_s=config.probe_interval_s)
+        self.reporter = ReporterService(
+            self.state,
+            heartbeat_interval_s=config.heartbeat_interval_s,
+            probes=self.probes,
+            wall_clock=clock,
+        )
         self.placement = PlacementService(
             self.state,
             clock=clock,
             default_ttl_s=config.reservation_ttl_s,
             default_policy=config.default_policy,
         )
+        self.kube = kube
+        opts = config.kube
+        self.publisher = (
+            LabelPublisher(self.state, kube, opts.publisher, out=out)
+            if kube is not None and opts.publish_labels
+            else None
+        )
+        self.scheduler_objects = (
+            SchedulerObjectWriter(
+                self.state, kube, kinds=opts.scheduler_objects, scheme=opts.publisher.scheme
+            )
+            if kube is not None and opts.scheduler_objects
+            else None
+        )
+        self.elector = (
+            LeaderElector(
+                kube,
+                opts.lease,
+                identity=opts.identity or "aggregator",
+                on_started=self._lead,
+                on_stopped=self._follow,
+            )
+            if kube is not None and opts.lease is not None
+            else None
+        )
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(
+            AggregatorCollector(
+                Sources(
+                    state=self.state,
+                    ingest=self.reporter.stats,
+                    publisher=self.publisher,
+                    elector=self.elector,
+                    probes=self.probes,
+                )
+            )
+        )
+        self.http = HttpEndpoints(
+            self.state,
+            registry=self.registry,
+            clock=clock,
+            ready=lambda: self._grpc is not None,
+            role=lambda: "leader" if self.leading else "follower",
+            desired_labels=self._desired_labels,
+        )
         self._grpc: grpc.aio.Server | None = None
-        self._http: web.AppRunner | None = None
-        self._housekeeping: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._writers: list[asyncio.Task[None]] = []
         self.grpc_port = 0
         self.http_port = 0
+
+    def _add_inventory_nodes(self, inventory: Inventory) -> None:
+        topologies, used = inventory_topologies(inventory)
+        for topo in topologies:
+            self.state.add_static(topo)
+        self.state.restore(
+            Reservation(
+                id=f"inventory-used-{node}",
+                gpus={node: gpus},
+                expires_at=None,
+                owner="inventory",
+                job="inventory/used",
+            )
+            for node, gpus in used.items()
+        )
 
     @property
     def grpc_target(self) -> str:
         """host:port clients connect to."""
         return f"{self.config.grpc_host}:{self.grpc_port}"
+
+    @property
+    def leading(self) -> bool:
+        """Whether this replica writes (always, without leader election)."""
+        return self.elector is None or self.elector.is_leader
+
+    def _desired_labels(self, name: str) -> dict[str, str] | None:
+        facts = node_facts(self.state, name)
+        return desired_labels(facts, self.config.kube.publisher.scheme) if facts else None
 
     async def start(self) -> None:
         """Bind and serve; returns once the servers accept connections."""
@@ -89,12 +206,14 @@ class Aggregator:
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+                # Thousands of exporters reconnect at once after a restart or a failover; Core
+                # cancels calls beyond its pending-request limit (1,000 by default) before the
+                # event loop can take them, so let them queue.
+                ("grpc.server.max_pending_requests", 50_000),
+                ("grpc.server.max_pending_requests_hard_limit", 100_000),
             ]
         )
-        rgrpc.add_ReporterServicer_to_server(
-            ReporterService(self.state, heartbeat_interval_s=self.config.heartbeat_interval_s),
-            server,
-        )
+        rgrpc.add_ReporterServicer_to_server(self.reporter, server)
         pgrpc.add_PlacementServicer_to_server(self.placement, server)
         address = f"{self.config.grpc_host}:{self.config.grpc_port}"
         self.grpc_port = server.add_insecure_port(address)
@@ -103,55 +222,58 @@ class Aggregator:
         await server.start()
         self._grpc = server
         if self.config.http_port is not None:
-            await self._start_http()
-        self._housekeeping = asyncio.create_task(self._housekeep(), name="housekeeping")
+            self.http_port = await self.http.start(self.config.http_host, self.config.http_port)
+        self._tasks.append(asyncio.create_task(self._housekeep(), name="housekeeping"))
+        if self.elector is not None:
+            await self._unmark_pod()
+            self._tasks.append(asyncio.create_task(self.elector.run(), name="leader-election"))
+        elif self.kube is not None:
+            await self._lead()
         log.info(
             "aggregator serving gRPC on %s%s",
             self.grpc_target,
-            f", HTTP on {self.config.http_host}:{self.http_port}" if self._http else "",
+            f", HTTP on {self.config.http_host}:{self.http_port}" if self.http_port else "",
         )
 
-    async def _start_http(self) -> None:
-        app = web.Application()
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        app.router.add_get("/api/v1/topology", self._topology)
-        app.router.add_get("/api/v1/nodes/{name}", self._node)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        # Bind the socket ourselves so port 0 works and the bound port is known.
-        sock = socket.create_server((self.config.http_host, self.config.http_port or 0))
-        site = web.SockSite(runner, sock)
-        await site.start()
-        self._http = runner
-        self.http_port = sock.getsockname()[1]
+    async def _lead(self) -> None:
+        """Start the writers (this replica leads, or there is no election)."""
+        if self.publisher is not None:
+            self._writers.append(asyncio.create_task(self.publisher.run(), name="labels"))
+        if self.scheduler_objects is not None:
+            self._writers.append(
+                asyncio.create_task(self.scheduler_objects.run(), name="scheduler-objects")
+            )
+        await self._mark_pod(leader=True)
 
-    async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+    async def _follow(self) -> None:
+        """Stop the writers: another replica leads now (or we are shutting down)."""
+        await self._drop_writers()
+        await self._mark_pod(leader=False)
 
-    async def _readyz(self, request: web.Request) -> web.Response:
-        ready = self._grpc is not None
-        return web.json_response(
-            {"ready": ready, "nodes": len(self.state.node_names)}, status=200 if ready else 503
-        )
+    async def _mark_pod(self, *, leader: bool) -> None:
+        opts = self.config.kube
+        if self.kube is None or self.elector is None or not opts.pod_name:
+            return
+        try:
+            if leader:
+                # A crashed leader's pod may still carry the label: take it off first.
+                selector = f"{LEADER_POD_LABEL}=leader"
+                for pod in await self.kube.pods_with_label(opts.pod_namespace, selector):
+                    if pod != opts.pod_name:
+                        await self.kube.set_pod_label(
+                            opts.pod_namespace, pod, LEADER_POD_LABEL, None
+                        )
+            await self.kube.set_pod_label(
+                opts.pod_namespace, opts.pod_name, LEADER_POD_LABEL, "leader" if leader else None
+            )
+        except KubeError as err:
+            log.warning("could not label pod %s: %s", opts.pod_name, err)
 
-    async def _topology(self, request: web.Request) -> web.Response:
-        snapshot = self.state.snapshot()
-        include_links = request.query.get("links", "true").lower() != "false"
-        msg = topology_to_proto(
-            snapshot, self.state, include_links=include_links, as_of=self.clock()
-        )
-        return web.json_response(_to_json(msg))
-
-    async def _node(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        snapshot = self.state.snapshot()
-        if name not in snapshot.nodes:
-            return web.json_response({"error": f"unknown node {name!r}"}, status=404)
-        msg = topology_to_proto(snapshot, self.state, nodes=[name])
-        return web.json_response(_to_json(msg.nodes[0]))
+    async def _unmark_pod(self) -> None:
+        await self._mark_pod(leader=False)
 
     async def _housekeep(self) -> None:
+        last_inference = self.clock()
         while True:
             await asyncio.sleep(self.config.housekeeping_interval_s)
             expired = self.state.expire()
@@ -162,18 +284,44 @@ class Aggregator:
                 log.warning(
                     "node %s is %s",
                     node,
-                    "stale" if node in self.state.stale_nodes() else "reporting again",
+                    "stale" if self.state.is_stale(node) else "reporting again",
                 )
+            if self.clock() - last_inference >= self.config.probe_inference_interval_s:
+                last_inference = self.clock()
+                self.refresh_probe_tiers()
 
-    async def stop(self, *, grace_s: float = 2.0) -> None:
-        """Stop serving: refuse new calls, let in-flight ones finish within the grace period."""
-        if self._housekeeping is not None:
-            self._housekeeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._housekeeping
-        if self._http is not None:
-            await self._http.cleanup()
-            self._http = None
+    def refresh_probe_tiers(self) -> list[str]:
+        """Infer tiers from the probe results so far; returns the nodes whose topology moved."""
+        changed = self.state.sources.set_probe_tiers(self.probes.refresh())
+        return self.state.refresh_fabric(changed) if changed else []
+
+    async def stop(self, *, grace_s: float = 2.0, release_lease: bool = True) -> None:
+        """Stop serving: release the lease, stop the writers, let in-flight calls finish."""
+        if self.elector is not None:
+            if release_lease:
+                await self.elector.release()
+            else:
+                self.elector.abandon()
+        tasks, self._tasks = self._tasks, []
+        await _cancel(tasks)
+        if release_lease:
+            await self._follow()
+        else:
+            await self._drop_writers()
+        await self.http.stop()
         if self._grpc is not None:
             await self._grpc.stop(grace_s)
             self._grpc = None
+
+    async def _drop_writers(self) -> None:
+        writers, self._writers = self._writers, []
+        await _cancel(writers)
+
+
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel tasks and wait until they are done."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -11,6 +11,12 @@ reported for `stale_after_s` is stale: kept for display, not placeable.
 
 Reservations hold GPUs for a TTL; `commit` keeps them until `release`. Expired reservations are
 dropped before every decision, so an abandoned dry run never leaks GPUs.
+
+A node's topology as placement sees it is what its exporter reported with the fabric position
+replaced by the merge of every inter-node source (`aggregator.fabric`: inventory, NVML, labels
+written by others, probes); `NodeRecord.reported` keeps the report as it came. Per-domain GPU
+counts (`index`, `aggregator.indexes`) follow every change incrementally, for the label
+publisher, metrics and `/api/v1`; placement keeps reading snapshots.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ from __future__ import annotations
 import enum
 import secrets
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from aggregator.fabric import FabricSources, Resolution
+from aggregator.indexes import DomainIndex
 from gputopo.cluster import ClusterSnapshot, NodeState
 from gputopo.delta import NodeDelta, apply_delta
 from gputopo.placement.result import PlacementResult
@@ -44,7 +52,11 @@ class ReportOutcome(enum.Enum):
 
 @dataclass(slots=True)
 class NodeRecord:
-    """What the aggregator knows about one node."""
+    """What the aggregator knows about one node.
+
+    `topology` is what placement uses (the report with the merged fabric position),
+    `reported` the report as it came, `resolution` where each part of the fabric came from.
+    """
 
     topology: NodeTopology
     incarnation: int
@@ -52,7 +64,10 @@ class NodeRecord:
     last_report: float
     generation: int
     labels: dict[str, str] = field(default_factory=dict)
-    source: str = "exporter"  # or "inventory"
+    source: str = "exporter"  # or "inventory": a static node that never goes stale
+    reported: NodeTopology | None = None
+    resolution: Resolution | None = None
+    probe_address: str = ""
 
 
 @dataclass(slots=True)
@@ -84,11 +99,22 @@ class ReservationError(KeyError):
 class ClusterState:
     """The mutable cluster (see the module docstring). `clock` returns unix seconds."""
 
-    def __init__(self, *, clock: Callable[[], float], stale_after_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float],
+        stale_after_s: float = 30.0,
+        sources: FabricSources | None = None,
+    ) -> None:
         self._clock = clock
         self.stale_after_s = stale_after_s
+        self.sources = sources or FabricSources()
+        self.index = DomainIndex()
         self._nodes: dict[str, NodeRecord] = {}
+        # Kubernetes labels of every Node object seen, and which of them this aggregator owns.
+        self._kube_labels: dict[str, tuple[dict[str, str], frozenset[str]]] = {}
         self._reservations: dict[str, Reservation] = {}
+        self._held: dict[str, set[int]] = {}
         self.generation = 0
         self._snapshot: ClusterSnapshot | None = None
         self._snapshot_key: tuple[int, frozenset[str]] | None = None
@@ -104,8 +130,46 @@ class ClusterState:
 
     def _changed(self, kind: str, node: str) -> None:
         self.generation += 1
+        self._reindex(node)
         for listener in list(self._listeners):
             listener(kind, node)
+
+    def _reindex(self, node: str) -> None:
+        rec = self._nodes.get(node)
+        if rec is None:
+            self.index.remove(node)
+            return
+        free = rec.topology.gpu_count - len(self._held.get(node, ()))
+        placeable = rec.topology.gpu_count > 0 and node not in self._known_stale
+        self.index.update(rec.topology, free=free, placeable=placeable, labels=rec.labels)
+
+    # --- the merged fabric position ---------------------------------------------------------
+
+    def _effective(self, name: str, reported: NodeTopology) -> tuple[NodeTopology, Resolution]:
+        labels, owned = self._kube_labels.get(name, ({}, frozenset()))
+        foreign = {k: v for k, v in labels.items() if k not in owned}
+        resolution = self.sources.resolve_node(name, reported, foreign)
+        if resolution.fabric == reported.fabric:
+            return reported, resolution
+        return replace(reported, fabric=resolution.fabric), resolution
+
+    def refresh_fabric(self, nodes: Iterable[str] | None = None) -> list[str]:
+        """Merge the sources again (after an inventory load or new probe inference).
+
+        Returns the nodes whose topology changed.
+        """
+        changed = []
+        for name in sorted(self._nodes if nodes is None else set(nodes) & set(self._nodes)):
+            rec = self._nodes[name]
+            if rec.reported is None:
+                continue
+            topo, rec.resolution = self._effective(name, rec.reported)
+            if topo != rec.topology:
+                rec.topology = topo
+                rec.generation += 1
+                changed.append(name)
+                self._changed("node", name)
+        return changed
 
     # --- reports --------------------------------------------------------------------------
 
@@ -113,25 +177,37 @@ class ClusterState:
         self, topology: NodeTopology, *, incarnation: int, sequence: int
     ) -> ReportOutcome:
         """Replace a node's topology with a full snapshot, unless a newer report was accepted."""
-        rec = self._nodes.get(topology.name)
+        name = topology.name
+        rec = self._nodes.get(name)
         now = self._clock()
         if rec is not None and (incarnation, sequence) <= (rec.incarnation, rec.sequence):
             return ReportOutcome.IGNORED
+        effective, resolution = self._effective(name, topology)
         if rec is None:
-            self._nodes[topology.name] = NodeRecord(topology, incarnation, sequence, now, 1)
+            self._nodes[name] = NodeRecord(
+                effective,
+                incarnation,
+                sequence,
+                now,
+                1,
+                labels=dict(self._kube_labels.get(name, ({}, frozenset()))[0]),
+                reported=topology,
+                resolution=resolution,
+            )
         else:
-            changed = rec.topology != topology
+            changed = rec.topology != effective
             was_stale = self._is_stale(rec, now)
             rec.topology, rec.incarnation, rec.sequence, rec.last_report = (
-                topology,
+                effective,
                 incarnation,
                 sequence,
                 now,
             )
+            rec.reported, rec.resolution, rec.source = topology, resolution, "exporter"
             if not changed and not was_stale:
                 return ReportOutcome.ACCEPTED
             rec.generation += 1
-        self._changed("node", topology.name)
+        self._changed("node", name)
         return ReportOutcome.ACCEPTED
 
     def apply_delta(
@@ -147,8 +223,9 @@ class ClusterState:
             return ReportOutcome.IGNORED
         now = self._clock()
         was_stale = self._is_stale(rec, now)
-        topo = apply_delta(rec.topology, delta)
-        rec.sequence, rec.last_report = sequence, now
+        reported = apply_delta(rec.reported or rec.topology, delta)
+        topo, rec.resolution = self._effective(node, reported)
+        rec.sequence, rec.last_report, rec.reported = sequence, now, reported
         if topo != rec.topology or was_stale:
             rec.topology = topo
             rec.generation += 1
@@ -171,12 +248,49 @@ class ClusterState:
             self._changed("node", node)
         return ReportOutcome.ACCEPTED
 
-    def set_labels(self, node: str, labels: Mapping[str, str]) -> None:
-        """Record the Kubernetes labels of a node (used by node selectors)."""
+    def set_labels(
+        self, node: str, labels: Mapping[str, str], *, owned: frozenset[str] = frozenset()
+    ) -> None:
+        """Record the Kubernetes labels of a node and which of them this aggregator owns.
+
+        All labels serve node selectors; those not owned are also a fabric source.
+        """
+        entry = (dict(labels), owned)
+        if self._kube_labels.get(node) == entry:
+            return
+        self._kube_labels[node] = entry
         rec = self._nodes.get(node)
-        if rec is not None and rec.labels != dict(labels):
-            rec.labels = dict(labels)
-            self._changed("labels", node)
+        if rec is None:
+            return
+        rec.labels = dict(labels)
+        if rec.reported is not None:
+            rec.topology, rec.resolution = self._effective(node, rec.reported)
+        self._changed("labels", node)
+
+    def forget_labels(self, node: str) -> None:
+        """The Node object is gone: its labels no longer say anything."""
+        if self._kube_labels.pop(node, None) is not None:
+            self.set_labels(node, {})
+            self._kube_labels.pop(node, None)
+
+    def kube_labels(self, node: str) -> tuple[Mapping[str, str], frozenset[str]] | None:
+        """A Node object's labels and the keys we own, as last seen; None if never seen."""
+        return self._kube_labels.get(node)
+
+    def add_static(self, topology: NodeTopology) -> None:
+        """A node known without an exporter (from an inventory): never stale."""
+        effective, resolution = self._effective(topology.name, topology)
+        self._nodes[topology.name] = NodeRecord(
+            effective,
+            0,
+            0,
+            self._clock(),
+            1,
+            source="inventory",
+            reported=topology,
+            resolution=resolution,
+        )
+        self._changed("node", topology.name)
 
     def remove_node(self, node: str) -> bool:
         """Forget a node (deleted from the cluster)."""
@@ -184,6 +298,12 @@ class ClusterState:
             return False
         self._changed("removed", node)
         return True
+
+    def set_probe_address(self, node: str, address: str) -> None:
+        """Where a node answers network probes (from its reports)."""
+        rec = self._nodes.get(node)
+        if rec is not None:
+            rec.probe_address = address
 
     def record(self, node: str) -> NodeRecord | None:
         """The record of a node, if known."""
@@ -196,6 +316,11 @@ class ClusterState:
 
     def _is_stale(self, rec: NodeRecord, now: float) -> bool:
         return rec.source == "exporter" and now - rec.last_report > self.stale_after_s
+
+    def is_stale(self, node: str) -> bool:
+        """Whether a known node stopped reporting."""
+        rec = self._nodes.get(node)
+        return rec is not None and self._is_stale(rec, self._clock())
 
     def stale_nodes(self) -> list[str]:
         """Nodes that stopped reporting."""
@@ -247,11 +372,19 @@ class ClusterState:
 
     def held_gpus(self) -> dict[str, frozenset[int]]:
         """GPUs held by live reservations and commitments, per node."""
-        out: dict[str, set[int]] = {}
-        for r in self._reservations.values():
-            for node, gpus in r.gpus.items():
-                out.setdefault(node, set()).update(gpus)
-        return {n: frozenset(g) for n, g in out.items()}
+        return {n: frozenset(g) for n, g in self._held.items() if g}
+
+    def _hold(self, res: Reservation) -> None:
+        for node, gpus in res.gpus.items():
+            self._held.setdefault(node, set()).update(gpus)
+
+    def _unhold(self, res: Reservation) -> None:
+        for node, gpus in res.gpus.items():
+            held = self._held.get(node)
+            if held is not None:
+                held.difference_update(gpus)
+                if not held:
+                    del self._held[node]
 
     def reserve(self, result: PlacementResult, *, ttl_s: float, job: str = "") -> Reservation:
         """Hold the GPUs of a placement for `ttl_s` seconds.
@@ -269,6 +402,7 @@ class ClusterState:
         rid = secrets.token_hex(8)
         res = Reservation(rid, dict(allocation), self._clock() + ttl_s, job=job, result=result)
         self._reservations[rid] = res
+        self._hold(res)
         for node in allocation:
             self._changed("allocation", node)
         return res
@@ -288,6 +422,7 @@ class ClusterState:
         res = self._reservations.pop(rid, None)
         if res is None:
             raise ReservationError(rid)
+        self._unhold(res)
         for node in res.gpus:
             self._changed("allocation", node)
         return res
@@ -312,6 +447,7 @@ class ClusterState:
         ]
         for r in gone:
             del self._reservations[r.id]
+            self._unhold(r)
             for node in r.gpus:
                 self._changed("allocation", node)
         return len(gone)
@@ -319,6 +455,9 @@ class ClusterState:
     def restore(self, reservations: Iterable[Reservation]) -> None:
         """Re-install reservations recovered after a restart (committed ones, typically)."""
         for r in reservations:
+            if r.id in self._reservations:
+                self._unhold(self._reservations[r.id])
             self._reservations[r.id] = r
+            self._hold(r)
             for node in r.gpus:
                 self._changed("allocation", node)

@@ -7,8 +7,10 @@ present) and raises `CodecError` naming the field, which servers return as INVAL
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -94,6 +96,9 @@ _CONFIDENCE = {
 _CONFIDENCE_BACK = {v: k for k, v in _CONFIDENCE.items()}
 
 
+_E = TypeVar("_E", bound=enum.IntEnum)
+
+
 def timestamp(seconds: float) -> Timestamp:
     """A protobuf Timestamp from unix seconds."""
     ts = Timestamp()
@@ -106,6 +111,15 @@ def _seconds(ts: Timestamp) -> float:
 
 
 # --- topology -----------------------------------------------------------------------------------
+
+
+def _enum(cls: type[_E], value: int, path: str) -> _E:
+    """An enum member from a wire value; proto3 enums are open, so unknown numbers arrive."""
+    try:
+        return cls(value)
+    except ValueError:
+        known = ", ".join(m.name for m in cls)
+        raise CodecError(path, f"unknown value {value} (known: {known})") from None
 
 
 def _ref_to_proto(ref: DeviceRef) -> tpb.DeviceRef:
@@ -188,7 +202,7 @@ def link_from_proto(msg: tpb.Link, path: str = "link") -> Link:
         measured=_measurement_from_proto(msg.measured, f"{path}.measured")
         if msg.HasField("measured")
         else None,
-        health=LinkHealth(msg.health) if msg.health else LinkHealth.OK,
+        health=_enum(LinkHealth, msg.health, f"{path}.health") if msg.health else LinkHealth.OK,
         health_reason=msg.health_reason,
     )
 
@@ -234,7 +248,7 @@ def gpu_from_proto(msg: tpb.Gpu, path: str = "gpu") -> Gpu:
         fabric = GpuFabric(
             msg.fabric.cluster_uuid,
             msg.fabric.clique_id,
-            FabricState(msg.fabric.state),
+            _enum(FabricState, msg.fabric.state, f"{path}.fabric.state"),
             msg.fabric.health_mask,
         )
     return Gpu(
@@ -254,7 +268,7 @@ def gpu_from_proto(msg: tpb.Gpu, path: str = "gpu") -> Gpu:
         pcie_max_generation=msg.pcie_max_generation,
         pcie_max_width=msg.pcie_max_width,
         fabric=fabric,
-        health=LinkHealth(msg.health) if msg.health else LinkHealth.OK,
+        health=_enum(LinkHealth, msg.health, f"{path}.health") if msg.health else LinkHealth.OK,
         health_reason=msg.health_reason,
     )
 
@@ -282,7 +296,7 @@ def nic_from_proto(msg: tpb.Nic, path: str = "nic") -> Nic:
     return Nic(
         index=msg.index,
         name=msg.name,
-        kind=NicKind(msg.kind),
+        kind=_enum(NicKind, msg.kind, f"{path}.kind"),
         netdev=msg.netdev,
         speed_mbps=msg.speed_mbps,
         up=msg.up,

@@ -9,6 +9,12 @@ What runs:
    of 4 nodes x 8 GPUs under one leaf, and a prefill/decode pipeline whose KV path needs
    300 GB/s. Each is first dry-run with the baseline policies, on the same state, so the table
    shows what Kueue and the default scheduler would have done.
+
+With `--kubeconfig PATH` the demo also works on a real cluster: it creates a Node object for
+each simulated node that has none (labelled `gputopo.io/demo=true`; a cloud's node controller
+may delete Nodes without a machine behind them) and runs the aggregator's label publisher
+against it, so `kubectl get nodes -L fabric.topograph.run/tier-0` shows the labels appear. It
+touches no label it does not own, and a second run patches nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from typing import Any, TextIO
 import grpc
 from google.protobuf import json_format
 
-from aggregator.server import Aggregator, AggregatorConfig
+from aggregator.kube import KubeClient, NodeObject
+from aggregator.publisher import PublisherConfig
+from aggregator.server import Aggregator, AggregatorConfig, KubeOptions
 from aggregator.state import Reservation
 from exporter.simulate import SimulatedExporters
 from gputopo.codec import request_to_proto
@@ -242,13 +250,36 @@ def _print_result(
         print(f"      {name:>13} would choose: {_describe(other)}", file=out)
 
 
-async def run_demo(*, out: TextIO, as_json: bool) -> int:
+DEMO_NODE_LABEL = "gputopo.io/demo"
+
+
+async def ensure_demo_nodes(kube: KubeClient, nodes: Sequence[NodeTopology]) -> list[str]:
+    """Create the Node objects the cluster lacks; returns the names created."""
+    existing, _ = await kube.list_nodes()
+    have = {n.name for n in existing}
+    created = []
+    for topo in nodes:
+        if topo.name not in have:
+            labels = {"kubernetes.io/hostname": topo.name, DEMO_NODE_LABEL: "true"}
+            node: NodeObject = await kube.create_node(topo.name, labels=labels)
+            created.append(node.name)
+    return created
+
+
+async def run_demo(*, out: TextIO, as_json: bool, kubeconfig: str | None = None) -> int:
     """Run the demo; returns the process exit code (0 when all three requests were placed)."""
     started = time.perf_counter()
     nodes = demo_nodes()
     gpus = sum(n.gpu_count for n in nodes)
     log = sys.stderr if as_json else out
-    agg = Aggregator(AggregatorConfig())
+    kube = KubeClient.from_kubeconfig(kubeconfig) if kubeconfig else None
+    created = await ensure_demo_nodes(kube, nodes) if kube is not None else []
+    agg = Aggregator(
+        AggregatorConfig(
+            kube=KubeOptions(publisher=PublisherConfig(qps=50.0, burst=100, settle_s=0.5))
+        ),
+        kube=kube,
+    )
     await agg.start()
     report: dict[str, Any] = {
         "aggregator": agg.grpc_target,
@@ -264,6 +295,21 @@ async def run_demo(*, out: TextIO, as_json: bool) -> int:
         )
         async with SimulatedExporters(nodes, target=agg.grpc_target) as sim:
             await sim.wait_acked(timeout_s=30)
+            if agg.publisher is not None:
+                await agg.publisher.wait_idle(120)
+                stats = agg.publisher.stats
+                report["kubernetes"] = {
+                    "nodes_created": len(created),
+                    "label_patches": stats.patches,
+                    "labels_left_alone": sorted(stats.foreign),
+                }
+                print(
+                    f"labelled the cluster's Node objects: {len(created)} created, "
+                    f"{stats.patches} label patches (see: kubectl get nodes -l "
+                    f"{DEMO_NODE_LABEL}=true -L fabric.topograph.run/tier-0,"
+                    "accelerator.topograph.run/domain,gputopo.io/nvlink-domain-size)",
+                    file=log,
+                )
             agg.state.restore(
                 Reservation(
                     id=f"existing-{job}",
@@ -311,6 +357,8 @@ async def run_demo(*, out: TextIO, as_json: bool) -> int:
                         )
     finally:
         await agg.stop(grace_s=0.5)
+        if kube is not None:
+            kube.close()
     elapsed = time.perf_counter() - started
     if as_json:
         report["seconds"] = round(elapsed, 3)
@@ -330,6 +378,6 @@ def _to_dict(message: ppb.PlaceResponse) -> dict[str, Any]:
     )
 
 
-def main(*, as_json: bool = False) -> int:
+def main(*, as_json: bool = False, kubeconfig: str | None = None) -> int:
     """Entry point of `gputopo demo`."""
-    return asyncio.run(run_demo(out=sys.stdout, as_json=as_json))
+    return asyncio.run(run_demo(out=sys.stdout, as_json=as_json, kubeconfig=kubeconfig))

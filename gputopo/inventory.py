@@ -50,6 +50,7 @@ __all__ = [
     "Inventory",
     "InventoryError",
     "InventoryNode",
+    "compact_hostlist",
     "expand_hostlist",
     "inventory_topologies",
     "load_inventory",
@@ -62,6 +63,7 @@ ACCELERATOR_DOMAIN_SUFFIX = "/domain"
 ACCELERATOR_SUB_DOMAIN_SUFFIX = "/sub-domain"
 
 _RANGE = re.compile(r"^(?P<prefix>[^\[\]]*)\[(?P<body>[^\[\]]+)\](?P<suffix>[^\[\]]*)$")
+_TRAILING_NUMBER = re.compile(r"^(?P<prefix>.*?)(?P<number>\d+)$")
 
 
 class InventoryError(ValueError):
@@ -143,6 +145,43 @@ def expand_hostlist(pattern: str) -> list[str]:
             for i in range(first, last + 1)
         )
     return out
+
+
+def compact_hostlist(names: Iterable[str]) -> list[str]:
+    """The inverse of `expand_hostlist`: `node01, node02, node05` -> `node[01-02,05]`.
+
+    Names are grouped by the text before their trailing number and its width (zero padding is
+    kept, so `n1` and `n01` stay apart); a group of one stays a plain name; names without a
+    trailing number stay as they are. Groups come out sorted by prefix, as Slurm tools print.
+    """
+    groups: dict[tuple[str, int], list[int]] = {}
+    plain: list[str] = []
+    for name in sorted(set(names)):
+        match = _TRAILING_NUMBER.match(name)
+        if match is None:
+            plain.append(name)
+            continue
+        number = match.group("number")
+        groups.setdefault((match.group("prefix"), len(number)), []).append(int(number))
+    out = list(plain)
+    for (prefix, width), numbers in groups.items():
+        numbers.sort()
+        if len(numbers) == 1:
+            out.append(f"{prefix}{numbers[0]:0{width}d}")
+            continue
+        spans: list[str] = []
+        start = prev = numbers[0]
+        for n in [*numbers[1:], None]:
+            if n is not None and n == prev + 1:
+                prev = n
+                continue
+            spans.append(
+                f"{start:0{width}d}" if start == prev else f"{start:0{width}d}-{prev:0{width}d}"
+            )
+            if n is not None:
+                start = prev = n
+        out.append(f"{prefix}[{','.join(spans)}]")
+    return sorted(out)
 
 
 def load_inventory(path: str) -> Inventory:

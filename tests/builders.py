@@ -181,3 +181,31 @@ def snapshot(
         )
         for t in nodes
     )
+
+
+def fabric_cluster(
+    *,
+    spines: int = 2,
+    leaves_per_spine: int = 2,
+    nodes_per_leaf: int = 4,
+    gpus: int = 8,
+    core: str = "core",
+    prefix: str = "node",
+) -> list[NodeTopology]:
+    """NVSwitch nodes under a leaf/spine/core tree, named `<prefix>-<spine><leaf>-<n>`.
+
+    Tiers are closest first: (`leaf-<s>-<l>`, `spine-<s>`, core).
+    """
+    nodes = []
+    for s in range(spines):
+        for leaf in range(leaves_per_spine):
+            for n in range(nodes_per_leaf):
+                nodes.append(
+                    nvswitch_node(
+                        f"{prefix}-{s}{leaf}-{n}",
+                        gpus=gpus,
+                        nics=min(gpus, 8),
+                        tiers=(f"leaf-{s}-{leaf}", f"spine-{s}", core),
+                    )
+                )
+    return nodes

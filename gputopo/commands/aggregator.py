@@ -37,16 +37,107 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="default reservation lifetime (default %(default)s)",
     )
     parser.add_argument("--policy", default=None, help="default placement policy (gputopo)")
+    parser.add_argument(
+        "--inventory",
+        metavar="FILE",
+        help="static inventory (topograph's model YAML): the highest-precedence fabric source",
+    )
+    parser.add_argument(
+        "--inventory-nodes",
+        action="store_true",
+        help="also serve the inventory's nodes from their machine profiles (a simulated cluster)",
+    )
+    kube = parser.add_argument_group("Kubernetes (labels, scheduler objects, leader election)")
+    kube.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="talk to this cluster (default: none; see --in-cluster)",
+    )
+    kube.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    kube.add_argument("--no-labels", action="store_true", help="do not publish node labels")
+    kube.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the label patches it would send instead of sending them",
+    )
+    kube.add_argument(
+        "--label-profile",
+        choices=("topograph-v1", "topograph-v0", "own"),
+        default="topograph-v1",
+        help="which label keys to write (default %(default)s)",
+    )
+    kube.add_argument(
+        "--label-prefix", default="gputopo.io/", help="prefix of the project's own label keys"
+    )
+    kube.add_argument(
+        "--label-qps",
+        type=float,
+        default=10.0,
+        help="client-side limit on label patches per second (default %(default)s)",
+    )
+    kube.add_argument(
+        "--label-burst",
+        type=int,
+        default=20,
+        help="patches allowed in a burst (default %(default)s)",
+    )
+    kube.add_argument(
+        "--scheduler-objects",
+        default="",
+        metavar="KINDS",
+        help="also write scheduler objects: comma-separated kueue,kai,volcano (default none)",
+    )
+    kube.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="run as one of several replicas: only the Lease holder writes",
+    )
+    kube.add_argument(
+        "--lease-name", default="gputopo-aggregator", help="Lease name (default %(default)s)"
+    )
+    kube.add_argument(
+        "--lease-namespace",
+        default="",
+        help="Lease namespace (default: $POD_NAMESPACE, else default)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; shut down gracefully."""
     import asyncio
+    import os
     import signal
+    import socket
     import sys
 
-    from aggregator.server import Aggregator, AggregatorConfig
+    from aggregator.kube import KubeClient, KubeError
+    from aggregator.labels import LabelScheme
+    from aggregator.leader import LeaseConfig
+    from aggregator.publisher import PublisherConfig
+    from aggregator.server import Aggregator, AggregatorConfig, KubeOptions
+    from gputopo.inventory import InventoryError
 
+    pod_namespace = os.environ.get("POD_NAMESPACE", "")
+    pod_name = os.environ.get("POD_NAME", "")
+    kinds = tuple(k for k in args.scheduler_objects.split(",") if k)
+    kube_options = KubeOptions(
+        publish_labels=not args.no_labels,
+        publisher=PublisherConfig(
+            scheme=LabelScheme(profile=args.label_profile, prefix=args.label_prefix),
+            qps=args.label_qps,
+            burst=args.label_burst,
+            dry_run=args.dry_run,
+        ),
+        scheduler_objects=kinds,
+        lease=LeaseConfig(
+            namespace=args.lease_namespace or pod_namespace or "default", name=args.lease_name
+        )
+        if args.leader_elect
+        else None,
+        identity=pod_name or socket.gethostname(),
+        pod_name=pod_name,
+        pod_namespace=pod_namespace,
+    )
     config = AggregatorConfig(
         grpc_host=args.host,
         grpc_port=args.grpc_port,
@@ -55,10 +146,22 @@ def run(args: argparse.Namespace) -> int:
         stale_after_s=args.stale_after,
         reservation_ttl_s=args.reservation_ttl,
         default_policy=args.policy,
+        inventory_path=args.inventory,
+        inventory_nodes=args.inventory_nodes,
+        kube=kube_options,
     )
+    kube: KubeClient | None = None
+    try:
+        if args.in_cluster:
+            kube = KubeClient.in_cluster()
+        elif args.kubeconfig:
+            kube = KubeClient.from_kubeconfig(args.kubeconfig)
+    except KubeError as err:
+        print(f"gputopo aggregator: {err}", file=sys.stderr)
+        return 2
 
     async def serve() -> None:
-        agg = Aggregator(config)
+        agg = Aggregator(config, kube=kube, out=sys.stdout)
         await agg.start()
         http = f", HTTP {config.http_host}:{agg.http_port}" if config.http_port is not None else ""
         print(f"aggregator: gRPC {agg.grpc_target}{http}", file=sys.stderr, flush=True)
@@ -70,5 +173,12 @@ def run(args: argparse.Namespace) -> int:
         print("aggregator: shutting down", file=sys.stderr, flush=True)
         await agg.stop(grace_s=5)
 
-    asyncio.run(serve())
+    try:
+        asyncio.run(serve())
+    except (OSError, InventoryError) as err:
+        print(f"gputopo aggregator: {err}", file=sys.stderr)
+        return 2
+    finally:
+        if kube is not None:
+            kube.close()
     return 0

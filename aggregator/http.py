@@ -1,0 +1,134 @@
+"""The aggregator's HTTP side (aiohttp, on the same event loop as gRPC).
+
+- `/healthz`: the process runs. `/readyz`: the gRPC server serves (503 before that); the body
+  says whether this replica leads.
+- `/metrics`: Prometheus text from the registry the server passes in (`aggregator.metrics`).
+- `/api/v1/topology` (`?links=false` leaves intra-node links out) and `/api/v1/nodes/{name}`:
+  the same `ClusterTopology` / `NodeState` messages as gRPC's `GetTopology`, in protobuf's JSON
+  mapping with the .proto field names.
+- `/api/v1/nodes/{name}/sources`: where each part of the node's fabric position came from, what
+  every source said, the conflicts, and the labels this aggregator wants on the node.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from aiohttp import web
+from google.protobuf import json_format
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from aggregator.service import topology_to_proto
+from aggregator.state import ClusterState
+
+__all__ = ["HttpEndpoints"]
+
+
+def _to_json(message: object) -> dict[str, Any]:
+    return json_format.MessageToDict(
+        message,  # type: ignore[arg-type]
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
+
+
+class HttpEndpoints:
+    """The routes above, served on one socket."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        *,
+        registry: CollectorRegistry,
+        clock: Callable[[], float],
+        ready: Callable[[], bool],
+        role: Callable[[], str],
+        desired_labels: Callable[[str], dict[str, str] | None] | None = None,
+    ) -> None:
+        self.state = state
+        self.registry = registry
+        self.clock = clock
+        self._ready = ready
+        self._role = role
+        self._desired = desired_labels
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    def app(self) -> web.Application:
+        """The aiohttp application."""
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/api/v1/topology", self._topology)
+        app.router.add_get("/api/v1/nodes/{name}", self._node)
+        app.router.add_get("/api/v1/nodes/{name}/sources", self._sources)
+        return app
+
+    async def start(self, host: str, port: int) -> int:
+        """Serve; returns the bound port (port 0 picks a free one)."""
+        runner = web.AppRunner(self.app(), access_log=None)
+        await runner.setup()
+        # Bind the socket ourselves so port 0 works and the bound port is known.
+        sock = socket.create_server((host, port))
+        await web.SockSite(runner, sock).start()
+        self._runner = runner
+        self.port = sock.getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop serving."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        ready = self._ready()
+        return web.json_response(
+            {"ready": ready, "role": self._role(), "nodes": len(self.state.node_names)},
+            status=200 if ready else 503,
+        )
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _topology(self, request: web.Request) -> web.Response:
+        snapshot = self.state.snapshot()
+        include_links = request.query.get("links", "true").lower() != "false"
+        msg = topology_to_proto(
+            snapshot, self.state, include_links=include_links, as_of=self.clock()
+        )
+        return web.json_response(_to_json(msg))
+
+    async def _node(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        snapshot = self.state.snapshot()
+        if name not in snapshot.nodes:
+            return web.json_response({"error": f"unknown node {name!r}"}, status=404)
+        msg = topology_to_proto(snapshot, self.state, nodes=[name])
+        return web.json_response(_to_json(msg.nodes[0]))
+
+    async def _sources(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        rec = self.state.record(name)
+        if rec is None or rec.resolution is None:
+            return web.json_response({"error": f"unknown node {name!r}"}, status=404)
+        res = rec.resolution
+        kube = self.state.kube_labels(name)
+        body = {
+            "node": name,
+            "fabric": asdict(res.fabric),
+            "chosen": dict(res.chosen),
+            "sources": [asdict(f) for f in res.consulted],
+            "conflicts": [str(c) for c in res.conflicts],
+            "owned_labels": sorted(kube[1]) if kube else [],
+            "desired_labels": self._desired(name) if self._desired else None,
+        }
+        return web.json_response(body)

@@ -1,0 +1,291 @@
+"""Which labels a node should carry, and the smallest patch that gets it there without touching
+anyone else's.
+
+Keys (the default `topograph-v1` scheme; `reference/internode.md` §7a):
+
+- `fabric.topograph.run/tier-N` (N = 0 closest), `accelerator.topograph.run/domain` and
+  `.../sub-domain`: topograph v1's keys, so its consumers (NVSentinel, GPUStack, NFD) work
+  unchanged. `topograph-v0` writes `network.topology.nvidia.com/{leaf,spine,core,accelerator}`
+  instead, and `own` only the project's own prefix (for clusters that also run topograph).
+- Under the project's prefix (default `gputopo.io/`): fixed-depth `leaf`, `spine`, `core`
+  aliases (a static Kueue/KAI Topology needs every node to have every level: shallower paths are
+  padded with their topmost tier), `nvlink-domain-size` (GPUs one NVLink domain joins: a
+  node's largest NVLink island, or the whole multi-node domain), `interconnect` (`mnnvl`,
+  `nvswitch`, `nvlink`, `pcie`, `none`), `gpu-count`, `numa-count`, `nic-count`,
+  `degraded-links`, `stale`, `topology-generation`, and the provenance of the fabric facts
+  (`topology-source`, `topology-confidence`).
+
+Values are valid label values: as they are when they already are (<= 63 characters of
+`[-A-Za-z0-9_.]`, alphanumeric at both ends), else `x` + the FNV-64a hash of the value in hex,
+topograph's rule for long values (applied here to invalid characters too).
+
+Ownership: the keys written are recorded on the node in the `<prefix>owned-labels` annotation.
+A key the node already carries that is not recorded there belongs to someone else and is never
+changed or removed (`plan_patch` reports it as foreign). The `topology-generation` counter
+lives on the node too (with the `<prefix>topology-fingerprint` annotation it counts changes
+of), so a restarted aggregator continues it rather than starting over at 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gputopo.cluster import nvlink_islands
+from gputopo.links import LinkKind
+from gputopo.topology import NodeTopology
+
+__all__ = [
+    "LabelPatch",
+    "LabelScheme",
+    "NodeFacts",
+    "desired_labels",
+    "fingerprint",
+    "fnv64a",
+    "label_value",
+    "plan_patch",
+]
+
+_VALID_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_MAX_VALUE = 63
+Profile = Literal["topograph-v1", "topograph-v0", "own"]
+
+
+def fnv64a(text: str) -> int:
+    """FNV-1a, 64 bits (topograph hashes long label values with it)."""
+    h = 0xCBF29CE484222325
+    for byte in text.encode("utf-8"):
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def label_value(value: str) -> str:
+    """A valid label value for `value` (see the module docstring)."""
+    if len(value) <= _MAX_VALUE and _VALID_VALUE.match(value):
+        return value
+    return f"x{fnv64a(value):016x}"
+
+
+@dataclass(frozen=True, slots=True)
+class LabelScheme:
+    """The label keys to write."""
+
+    profile: Profile = "topograph-v1"
+    prefix: str = "gputopo.io/"
+
+    def tier_key(self, tier: int) -> str:
+        """Key of fabric tier `tier` (0 = closest)."""
+        if self.profile == "topograph-v1":
+            return f"fabric.topograph.run/tier-{tier}"
+        if self.profile == "topograph-v0":
+            return f"network.topology.nvidia.com/{('leaf', 'spine', 'core')[tier]}"
+        return f"{self.prefix}tier-{tier}"
+
+    def max_tiers(self) -> int | None:
+        """How many tiers the scheme can name (None: any)."""
+        return 3 if self.profile == "topograph-v0" else None
+
+    @property
+    def domain_key(self) -> str:
+        """Key of the multi-node NVLink domain."""
+        if self.profile == "topograph-v1":
+            return "accelerator.topograph.run/domain"
+        if self.profile == "topograph-v0":
+            return "network.topology.nvidia.com/accelerator"
+        return f"{self.prefix}accelerator-domain"
+
+    @property
+    def sub_domain_key(self) -> str | None:
+        """Key of the partition inside the domain (None: the scheme has none)."""
+        if self.profile == "topograph-v1":
+            return "accelerator.topograph.run/sub-domain"
+        if self.profile == "topograph-v0":
+            return None
+        return f"{self.prefix}accelerator-sub-domain"
+
+    def own(self, name: str) -> str:
+        """A key under the project's prefix."""
+        return f"{self.prefix}{name}"
+
+    @property
+    def owned_annotation(self) -> str:
+        """Annotation listing the label keys this aggregator owns on a node."""
+        return self.own("owned-labels")
+
+    @property
+    def fingerprint_annotation(self) -> str:
+        """Annotation with the fingerprint the generation label counts changes of."""
+        return self.own("topology-fingerprint")
+
+    @property
+    def generation_key(self) -> str:
+        """Label with the node's topology generation."""
+        return self.own("topology-generation")
+
+    @property
+    def stale_key(self) -> str:
+        """Label saying the node stopped reporting."""
+        return self.own("stale")
+
+    def alias_keys(self) -> tuple[str, str, str]:
+        """Fixed-depth aliases of tiers 0, 1, 2."""
+        return (self.own("leaf"), self.own("spine"), self.own("core"))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What the labels of one node are computed from."""
+
+    topology: NodeTopology
+    stale: bool = False
+    generation: int = 1
+    nvlink_domain_gpus: int = 0  # GPUs in the node's multi-node NVLink domain (0: none)
+    ambiguous_tiers: frozenset[int] = frozenset()  # tiers whose raw value is not unique
+
+
+def fingerprint(topology: NodeTopology) -> str:
+    """A short hash of what the generation label counts: the node's structure and health.
+
+    Measured bandwidths and timestamps are left out: they move all the time and no label
+    depends on them.
+    """
+    parts: list[str] = [topology.name]
+    parts += [f"g{g.index}:{g.name}:{g.nvlink_lanes}:{g.health.name}" for g in topology.gpus]
+    parts += [f"n{n.index}:{n.name}:{n.kind.name}:{n.up}:{n.speed_mbps}" for n in topology.nics]
+    parts += [f"m{n.id}" for n in topology.numa_nodes]
+    parts += [
+        f"l{lk.a}-{lk.b}:{lk.kind.name}:{lk.lanes}/{lk.max_lanes}:{lk.health.name}"
+        for lk in topology.links
+    ]
+    f = topology.fabric
+    parts.append(f"f{'/'.join(f.tiers)}|{f.accelerator_domain}|{f.accelerator_sub_domain}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _interconnect(topology: NodeTopology, multi_node: bool) -> str:
+    if multi_node:
+        return "mnnvl"
+    nvlinks = [lk for lk in topology.gpu_links() if lk.kind is LinkKind.NVLINK]
+    if any(lk.via_switch for lk in nvlinks):
+        return "nvswitch"
+    if nvlinks:
+        return "nvlink"
+    return "pcie" if topology.gpu_count > 1 else "none"
+
+
+def _tier_value(tiers: tuple[str, ...], tier: int, ambiguous: frozenset[int]) -> str:
+    """A tier's value, unique cluster-wide: the raw id, or a hash of its path when the raw id
+    is reused under another parent (Volcano's label discovery needs globally unique values)."""
+    if tier in ambiguous:
+        return f"x{fnv64a('/'.join(reversed(tiers[tier:]))):016x}"
+    return label_value(tiers[tier])
+
+
+def desired_labels(facts: NodeFacts, scheme: LabelScheme) -> dict[str, str]:
+    """Every label this aggregator wants on the node (see the module docstring)."""
+    topo = facts.topology
+    fabric = topo.fabric
+    out: dict[str, str] = {}
+    tiers = fabric.tiers[: scheme.max_tiers()] if scheme.max_tiers() else fabric.tiers
+    values = [_tier_value(fabric.tiers, i, facts.ambiguous_tiers) for i in range(len(tiers))]
+    for i, value in enumerate(values):
+        out[scheme.tier_key(i)] = value
+    if values:
+        for i, key in enumerate(scheme.alias_keys()):
+            out[key] = values[min(i, len(values) - 1)]
+    if fabric.accelerator_domain:
+        out[scheme.domain_key] = label_value(fabric.accelerator_domain)
+        if scheme.sub_domain_key and fabric.accelerator_sub_domain:
+            out[scheme.sub_domain_key] = label_value(fabric.accelerator_sub_domain)
+    if fabric.source:
+        out[scheme.own("topology-source")] = label_value(fabric.source.replace("/", "."))
+    if fabric.confidence:
+        out[scheme.own("topology-confidence")] = fabric.confidence
+    multi = facts.nvlink_domain_gpus > 0
+    islands = nvlink_islands(topo)
+    size = facts.nvlink_domain_gpus if multi else max((len(i) for i in islands), default=0)
+    out[scheme.own("nvlink-domain-size")] = str(size)
+    out[scheme.own("interconnect")] = _interconnect(topo, multi)
+    out[scheme.own("gpu-count")] = str(topo.gpu_count)
+    out[scheme.own("numa-count")] = str(len(topo.numa_nodes))
+    out[scheme.own("nic-count")] = str(len(topo.nics))
+    out[scheme.own("degraded-links")] = str(len(topo.degraded_links))
+    out[scheme.stale_key] = "true" if facts.stale else "false"
+    out[scheme.generation_key] = str(facts.generation)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class LabelPatch:
+    """What to send for one node: label and annotation changes (None removes), and the keys
+    skipped because someone else owns them."""
+
+    labels: Mapping[str, str | None] = field(default_factory=dict)
+    annotations: Mapping[str, str | None] = field(default_factory=dict)
+    foreign: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to send."""
+        return not self.labels and not self.annotations
+
+    def describe(self, current: Mapping[str, str]) -> list[str]:
+        """One line per label change, for `--dry-run` and logs."""
+        lines = []
+        for key, value in sorted(self.labels.items()):
+            if value is None:
+                lines.append(f"-{key}")
+            elif key in current:
+                lines.append(f"~{key}: {current[key]} -> {value}")
+            else:
+                lines.append(f"+{key}={value}")
+        return lines
+
+
+def owned_keys(annotations: Mapping[str, str], scheme: LabelScheme) -> frozenset[str]:
+    """The label keys a node's ownership annotation lists."""
+    raw = annotations.get(scheme.owned_annotation, "")
+    return frozenset(k for k in raw.split(",") if k)
+
+
+def plan_patch(
+    *,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    desired: Mapping[str, str],
+    scheme: LabelScheme,
+    extra_annotations: Mapping[str, str] | None = None,
+    keep: Iterable[str] = (),
+) -> LabelPatch:
+    """The patch from a node's current labels to `desired`, touching only owned keys.
+
+    1. A desired key the node carries but we do not own is foreign: left alone.
+    2. A desired key that is missing or differs is set (and owned from then on).
+    3. An owned key no longer desired is removed, unless listed in `keep`.
+    4. The ownership annotation (and `extra_annotations`) are updated when they differ.
+    """
+    owned = owned_keys(annotations, scheme)
+    out: dict[str, str | None] = {}
+    foreign = []
+    now_owned = set(owned & set(keep))
+    for key, value in desired.items():
+        if key in labels and key not in owned:
+            foreign.append(key)
+            continue
+        now_owned.add(key)
+        if labels.get(key) != value:
+            out[key] = value
+    for key in owned - set(desired) - set(keep):
+        if key in labels:
+            out[key] = None
+    ann: dict[str, str | None] = {}
+    wanted_owned = ",".join(sorted(now_owned))
+    if annotations.get(scheme.owned_annotation, "") != wanted_owned:
+        ann[scheme.owned_annotation] = wanted_owned or None
+    for key, value in (extra_annotations or {}).items():
+        if annotations.get(key) != value:
+            ann[key] = value
+    return LabelPatch(labels=out, annotations=ann, foreign=tuple(sorted(foreign)))
