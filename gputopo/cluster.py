@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
+from typing import TypeVar
 
 from gputopo import bandwidth
 from gputopo.links import LinkHealth, LinkKind
@@ -57,6 +58,8 @@ __all__ = [
     "node_shape",
     "nvlink_islands",
 ]
+
+_V = TypeVar("_V")
 
 _TIER_OF_SCOPE = {Scope.LEAF: 0, Scope.SPINE: 1, Scope.CORE: 2}
 # Scopes whose domains get per-class counts (NODE is the node itself).
@@ -287,6 +290,44 @@ def _cell(name: str, ids: Mapping[Scope, str]) -> Cell:
     return (nvl, leaf, "") if nvl or leaf else ("", "", name)
 
 
+_MISSING = object()
+
+
+class _Layered(Mapping[str, _V]):
+    """A read-only mapping: a base dict with some entries replaced, so that a derived snapshot
+    costs O(changes) instead of a copy of every node. Keys never change (a snapshot derived by
+    `with_free` has the same nodes); overrides are folded into a new base once they grow past a
+    sixteenth of it, which keeps lookups at two dictionary probes and copies amortised."""
+
+    __slots__ = ("_base", "_over")
+
+    def __init__(self, base: dict[str, _V], over: dict[str, _V] | None = None) -> None:
+        self._base = base
+        self._over: dict[str, _V] = over or {}
+
+    def __getitem__(self, key: str) -> _V:
+        found = self._over.get(key, _MISSING)
+        if found is _MISSING:
+            return self._base[key]
+        return found  # type: ignore[return-value]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._base
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._base)
+
+    def __len__(self) -> int:
+        return len(self._base)
+
+    def changed(self, changes: Mapping[str, _V]) -> _Layered[_V]:
+        """A new mapping with some values replaced (keys must exist)."""
+        over = {**self._over, **changes}
+        if len(over) > max(64, len(self._base) // 16):
+            return _Layered({**self._base, **over})
+        return _Layered(self._base, over)
+
+
 class _Structure:
     """What does not change when only free GPUs change: domains, shapes, cells, totals."""
 
@@ -385,7 +426,7 @@ class _FreeIndex:
     __slots__ = ("cell_nodes", "class_cells", "domain_classes", "domain_free", "mask")
 
     def __init__(self) -> None:
-        self.mask: dict[str, int] = {}
+        self.mask: _Layered[int] = _Layered({})
         self.domain_free: dict[Scope, dict[str, int]] = {s: {} for s in _INDEXED_SCOPES}
         self.domain_classes: dict[Scope, dict[str, dict[NodeClass, int]]] = {
             s: {} for s in _INDEXED_SCOPES
@@ -397,11 +438,12 @@ class _FreeIndex:
     def build(structure: _Structure, nodes: Mapping[str, NodeState]) -> _FreeIndex:
         idx = _FreeIndex()
         cell_nodes: dict[Cell, dict[NodeClass, set[str]]] = {}
+        masks: dict[str, int] = {}
         for name, state in nodes.items():
             if not structure.placeable[name]:
                 continue
             mask = _mask(state.free)
-            idx.mask[name] = mask
+            masks[name] = mask
             cls = (structure.shape[name], mask)
             ids = structure.domain_ids[name]
             free = len(state.free)
@@ -420,12 +462,13 @@ class _FreeIndex:
             for c in by_class:
                 class_cells.setdefault(c, set()).add(cell)
         idx.class_cells = {c: frozenset(v) for c, v in class_cells.items()}
+        idx.mask = _Layered(masks)
         return idx
 
     def derive(self, structure: _Structure, changes: Mapping[str, frozenset[int]]) -> _FreeIndex:
         """A new index with the given nodes' free sets; shares untouched entries with self."""
         out = _FreeIndex()
-        out.mask = dict(self.mask)
+        new_masks: dict[str, int] = {}
         out.domain_free = dict(self.domain_free)
         out.domain_classes = dict(self.domain_classes)
         out.cell_nodes = dict(self.cell_nodes)
@@ -441,7 +484,7 @@ class _FreeIndex:
             new_mask = _mask(free)
             if old_mask == new_mask:
                 continue
-            out.mask[name] = new_mask
+            new_masks[name] = new_mask
             shape = structure.shape[name]
             old_cls, new_cls = (shape, old_mask), (shape, new_mask)
             delta = new_mask.bit_count() - old_mask.bit_count()
@@ -487,6 +530,7 @@ class _FreeIndex:
             else:
                 by_class[new_cls] = frozenset((name,))
                 out.class_cells[new_cls] = out.class_cells.get(new_cls, frozenset()) | {cell}
+        out.mask = self.mask.changed(new_masks)
         return out
 
 
@@ -513,7 +557,7 @@ class ClusterSnapshot:
         by_name = {n.name: n for n in ordered}
         if len(by_name) != len(ordered):
             raise ValueError("duplicate node names in snapshot")
-        self._nodes: Mapping[str, NodeState] = MappingProxyType(by_name)
+        self._nodes: Mapping[str, NodeState] = _Layered(by_name)
         self.generation = generation
         self.now = now
         self._structure: _Structure | None = None
@@ -678,11 +722,14 @@ class ClusterSnapshot:
         Shares the structure and every untouched index entry with this snapshot.
         """
         out = object.__new__(ClusterSnapshot)
-        nodes = dict(self._nodes)
+        replaced = {}
         for name, free in changes.items():
-            s = nodes[name]
-            nodes[name] = NodeState(s.topology, frozenset(free), s.labels, s.placeable, s.reason)
-        out._nodes = MappingProxyType(nodes)
+            s = self._nodes[name]
+            replaced[name] = NodeState(s.topology, frozenset(free), s.labels, s.placeable, s.reason)
+        base = self._nodes
+        out._nodes = (
+            base.changed(replaced) if isinstance(base, _Layered) else _Layered({**base, **replaced})
+        )
         out.generation = self.generation if generation is None else generation
         out.now = self.now
         out._structure = self._structure

@@ -42,7 +42,7 @@ from gputopo.placement.search import (
 from gputopo.placement.view import View
 from gputopo.request import Group, Pattern, Scope
 
-__all__ = ["BundleEdge", "search_bundle", "split"]
+__all__ = ["BundleEdge", "fastest_pair_gbps", "search_bundle", "single_node_seconds", "split"]
 
 # Per slot, at most this many GPU subsets are tried when splitting a node (the best by ring).
 _SUBSETS_PER_SLOT = 24
@@ -333,4 +333,13 @@ def single_node_seconds(view: View, slot: Slot) -> float:
         found = choose(shape, mask, slot.need, island=slot.group.scope.required is Scope.NVLINK)
         if found is not None:
             best = min(best, collective_seconds(slot.group, ((found, 1),), nodes=1, nvlink=False))
+    return best
+
+
+def fastest_pair_gbps(view: View) -> float:
+    """The most any two GPUs of the view reach (a link in a node, or multi-node NVLink)."""
+    scope, domain = view.root()
+    best = 0.0
+    for shape in {cls[0] for cls in view.classes(scope, domain)}:
+        best = max(best, *(max(row, default=0.0) for row in shape.bw), *shape.nvlink_gbps, 0.0)
     return best

@@ -32,7 +32,12 @@ from dataclasses import dataclass, replace
 
 from gputopo import cost
 from gputopo.cluster import ClusterSnapshot
-from gputopo.placement.bundle import BundleEdge, search_bundle, single_node_seconds
+from gputopo.placement.bundle import (
+    BundleEdge,
+    fastest_pair_gbps,
+    search_bundle,
+    single_node_seconds,
+)
 from gputopo.placement.constraints import violations
 from gputopo.placement.fill import matches
 from gputopo.placement.objective import WIDTH, Key
@@ -285,6 +290,13 @@ class _Decision:
                 if s.group.pods > 1:
                     best = min(best, optimistic_seconds(view, s.group, nvlink=True))
                 total += best
+            fastest = fastest_pair_gbps(view)
+            for e in unit.edges:
+                shards = min(unit.slots[e.source].need, unit.slots[e.target].need)
+                if e.transfer_bytes and fastest > 0:
+                    total += cost.transfer_seconds(
+                        size_bytes=e.transfer_bytes, gbps=shards * fastest
+                    )
             return total
 
         return search_bundle(

@@ -319,7 +319,24 @@ def _gang_from(
     return _Estimate(tuple(uses), seconds, (broken, leftover))
 
 
-def _estimate(classes: Mapping[NodeClass, int], group: Group, nvlink: bool) -> _Estimate | None:
+def _estimate(
+    classes: Mapping[NodeClass, int],
+    group: Group,
+    nvlink: bool,
+    memo: dict[tuple[object, ...], _Estimate | None],
+) -> _Estimate | None:
+    """`_fill_estimate`, remembered per multiset of usable classes: racks and leaves with the
+    same free nodes give the same answer, and most domains of a cluster repeat a few."""
+    per_pod = group.gpus_per_pod
+    sig = (nvlink, *sorted((id(c[0]), c[1], n) for c, n in classes.items() if _fit(c, per_pod) > 0))
+    if sig not in memo:
+        memo[sig] = _fill_estimate(classes, group, nvlink)
+    return memo[sig]
+
+
+def _fill_estimate(
+    classes: Mapping[NodeClass, int], group: Group, nvlink: bool
+) -> _Estimate | None:
     """The best of a few fills of a gang into a domain's classes.
 
     Orders tried: most pods per node first (fewest nodes, smallest shards on the network), best
@@ -468,6 +485,7 @@ def _several_nodes(
     group = slot.group
     need = slot.need
     bounds: dict[bool, float] = {}
+    memo: dict[tuple[object, ...], _Estimate | None] = {}
     for scope in _MULTI_SCOPES:
         if WIDTH[scope] > width(limit):
             break
@@ -487,7 +505,7 @@ def _several_nodes(
             if free < need:
                 tried.add(scope, domain, "insufficient_gpus", "{} free GPUs, {} needed", free, need)
                 continue
-            est = _estimate(view.classes(scope, domain), group, nvlink)
+            est = _estimate(view.classes(scope, domain), group, nvlink, memo)
             if est is None:
                 tried.add(
                     scope,

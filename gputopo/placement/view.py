@@ -140,7 +140,7 @@ class View:
             candidates: Iterable[Cell] = sorted(found)
         else:
             candidates = cells_in
-        filtering = self._filters()
+        filtering = self.restricted or not self.contains(scope, domain)
         out: list[tuple[Cell, dict[NodeClass, list[str]]]] = []
         for cell in candidates:
             nodes = snap.cell_nodes(cell)
@@ -155,6 +155,3 @@ class View:
             if by_class:
                 out.append((cell, by_class))
         return out
-
-    def _filters(self) -> bool:
-        return self.restricted or self.within is not None
