@@ -332,6 +332,7 @@ class _Structure:
     """What does not change when only free GPUs change: domains, shapes, cells, totals."""
 
     __slots__ = (
+        "__weakref__",
         "_cells_by",
         "cell",
         "cell_rep",
@@ -553,36 +554,46 @@ class ClusterSnapshot:
         previous: ClusterSnapshot | None = None,
         now: float | None = None,
     ) -> None:
-        ordered = sorted(nodes, key=lambda n: n.name)
-        by_name = {n.name: n for n in ordered}
-        if len(by_name) != len(ordered):
+        listed = list(nodes)
+        given = {n.name: n for n in listed}
+        if len(given) != len(listed):
             raise ValueError("duplicate node names in snapshot")
+        if previous is not None and given.keys() == previous._nodes.keys():
+            by_name = {name: given[name] for name in previous._nodes}  # already in name order
+        else:
+            by_name = {name: given[name] for name in sorted(given)}
         self._nodes: Mapping[str, NodeState] = _Layered(by_name)
         self.generation = generation
         self.now = now
         self._structure: _Structure | None = None
         self._index: _FreeIndex | None = None
         if previous is not None and previous._structure is not None:
-            self._derive_from(previous)
+            self._derive_from(previous, by_name)
 
-    def _derive_from(self, previous: ClusterSnapshot) -> None:
+    def _derive_from(self, previous: ClusterSnapshot, by_name: dict[str, NodeState]) -> None:
         old_nodes = previous._nodes
         prev_structure = previous._structure
         assert prev_structure is not None
-        same_structure = old_nodes.keys() == self._nodes.keys() and all(
-            (old := old_nodes[name]).topology is state.topology
-            and old.labels == state.labels
-            and old.placeable == state.placeable
-            and (self.now is None or prev_structure.expires[name] > self.now)
-            for name, state in self._nodes.items()
-        )
-        if same_structure and (self.now is None) == (previous.now is None):
+        now = self.now
+        expires = prev_structure.expires
+        changes: dict[str, frozenset[int]] = {}
+        same_structure = (now is None) == (previous.now is None) and len(by_name) == len(old_nodes)
+        if same_structure:
+            for name, state in by_name.items():
+                old = old_nodes.get(name)
+                if (
+                    old is None
+                    or old.topology is not state.topology
+                    or old.placeable != state.placeable
+                    or old.labels != state.labels
+                    or (now is not None and expires[name] <= now)
+                ):
+                    same_structure = False
+                    break
+                if old.free != state.free:
+                    changes[name] = state.free
+        if same_structure:
             self._structure = prev_structure
-            changes = {
-                name: state.free
-                for name, state in self._nodes.items()
-                if old_nodes[name].free != state.free
-            }
             if previous._index is not None:
                 self._index = previous._index.derive(prev_structure, changes)
             return
