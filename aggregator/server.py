@@ -24,6 +24,7 @@ import grpc
 from aiohttp import web
 from google.protobuf import json_format
 
+from aggregator.http_placement import add_placement_routes
 from aggregator.ingest import ReporterService
 from aggregator.service import PlacementService, topology_to_proto
 from aggregator.state import ClusterState
@@ -117,6 +118,7 @@ class Aggregator:
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/api/v1/topology", self._topology)
         app.router.add_get("/api/v1/nodes/{name}", self._node)
+        add_placement_routes(app, self.placement)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         # Bind the socket ourselves so port 0 works and the bound port is known.
