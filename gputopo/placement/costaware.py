@@ -42,12 +42,20 @@ from gputopo.placement.constraints import violations
 from gputopo.placement.fill import matches
 from gputopo.placement.objective import WIDTH, Key
 from gputopo.placement.predict import edge_pairs, predict
-from gputopo.placement.result import PlacementResult, PodPlacement, Rejection
+from gputopo.placement.result import PlacementResult, PodPlacement, Prediction, Rejection
 from gputopo.placement.search import Plan, Slot, Tried, optimistic_seconds, search_slot
 from gputopo.placement.view import View
 from gputopo.request import Group, Pairing, PlacementRequest, Scope
 
-__all__ = ["MAX_ENCLOSING", "MAX_REJECTIONS", "CostAwarePolicy", "Unit", "components", "units"]
+__all__ = [
+    "MAX_ENCLOSING",
+    "MAX_REJECTIONS",
+    "CostAwarePolicy",
+    "Unit",
+    "components",
+    "orders",
+    "units",
+]
 
 # At most this many rejections are reported per decision; the rest are counted.
 MAX_REJECTIONS = 50
@@ -133,6 +141,24 @@ def units(request: PlacementRequest) -> list[Unit]:
     return out
 
 
+def orders(request: PlacementRequest) -> list[list[Unit]]:
+    """The unit orders a decision tries, without repeats: largest component first (`units`);
+    largest unit first; and groups by replica size then name, replicas in order (the order
+    Kueue admits PodSets in, so that the engine sees every state Kueue would)."""
+    first = units(request)
+    rank = {g.name: (-g.gpus_per_replica, g.name) for g in request.groups}
+    candidates = [
+        first,
+        sorted(first, key=lambda u: -u.need),
+        sorted(first, key=lambda u: min((rank[s.group.name], s.replica) for s in u.slots)),
+    ]
+    out: list[list[Unit]] = []
+    for order in candidates:
+        if order not in out:
+            out.append(order)
+    return out
+
+
 def _narrower(a: Scope | None, b: Scope | None) -> Scope | None:
     if a is None:
         return b
@@ -144,10 +170,12 @@ def _narrower(a: Scope | None, b: Scope | None) -> Scope | None:
 class _Decision:
     """One placement decision: the request, the snapshot, and what is placed so far."""
 
-    def __init__(self, snapshot: ClusterSnapshot, request: PlacementRequest) -> None:
+    def __init__(
+        self, snapshot: ClusterSnapshot, request: PlacementRequest, order: Sequence[Unit]
+    ) -> None:
         self.snapshot = snapshot
         self.request = request
-        self.units = units(request)
+        self.units = list(order)
         self._allowed: dict[tuple[tuple[str, str], ...], frozenset[str] | None] = {}
 
     def allowed(self, unit: Unit) -> frozenset[str] | None:
@@ -351,14 +379,30 @@ class CostAwarePolicy:
     name = "gputopo"
 
     def place(self, snapshot: ClusterSnapshot, request: PlacementRequest) -> PlacementResult:
-        """Place the whole request or nothing."""
-        outcome = _Decision(snapshot, request).run()
-        if isinstance(outcome, PlacementResult):
-            return outcome
-        pods, _ = outcome
-        order = {g.name: i for i, g in enumerate(request.groups)}
-        pods.sort(key=lambda p: (order[p.group], p.replica, p.rank))
-        prediction = predict(snapshot, request, pods)
+        """Place the whole request or nothing.
+
+        Units are decided one after another, so their order matters when a request has
+        several groups: each order of `orders` is tried and the best whole placement (by its
+        predicted time, then the rest of its key) wins.
+        """
+        first_failure: PlacementResult | None = None
+        best: tuple[Key, list[PodPlacement], Prediction] | None = None
+        group_order = {g.name: i for i, g in enumerate(request.groups)}
+        for order in orders(request):
+            outcome = _Decision(snapshot, request, order).run()
+            if isinstance(outcome, PlacementResult):
+                first_failure = first_failure or outcome
+                continue
+            pods, total = outcome
+            pods.sort(key=lambda p: (group_order[p.group], p.replica, p.rank))
+            prediction = predict(snapshot, request, pods)
+            final = total._replace(time=cost.time_bucket(prediction.communication_seconds))
+            if best is None or final < best[0]:
+                best = (final, pods, prediction)
+        if best is None:
+            assert first_failure is not None
+            return first_failure
+        _, pods, prediction = best
         broken = violations(snapshot, request, pods, prediction=prediction)
         if broken:
             return PlacementResult(

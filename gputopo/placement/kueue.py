@@ -15,7 +15,9 @@ What a Kueue user gets today, end to end:
    the GPUs (go-gpuallocator best effort, `baselines.gpuallocator_choice`).
 
 Kueue knows nothing of bandwidth: edges are not considered, and the prediction reports whether
-they happen to be met.
+they happen to be met. Nor can it keep several PodSets in one domain (a required scope of the
+whole request) or spread them: when its assignment breaks such a rule, the baseline answers
+"not placed" with the broken rule rather than a placement the user ruled out.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import weakref
 
 from gputopo.cluster import ClusterSnapshot
 from gputopo.placement.baselines import gpuallocator_choice
+from gputopo.placement.constraints import violations
 from gputopo.placement.fill import matches
 from gputopo.placement.kueue_tas import (
     HOSTNAME_LABEL,
@@ -136,6 +139,16 @@ class KueueBestFitPolicy:
                         "allocate the GPUs Kueue admitted",
                     )
                 pods.extend(placed)
+        broken = violations(snapshot, request, pods)
+        if broken:
+            # Kueue admits PodSets one by one: it has no way to keep several in one domain or
+            # apart. Its answer would break the request, so the baseline says so instead.
+            return PlacementResult(
+                False,
+                self.name,
+                reason=f"Kueue's assignment breaks the request: {broken[0]}",
+                rejections=tuple(Rejection("kueue", "unsupported", b) for b in broken[:10]),
+            )
         return PlacementResult(True, self.name, tuple(pods), predict(snapshot, request, pods))
 
     def _podset(
