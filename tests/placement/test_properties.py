@@ -171,3 +171,67 @@ def test_gputopo_is_never_worse_than_kueue_bestfit(
     assert cost.time_bucket(ours.prediction.communication_seconds) <= cost.time_bucket(
         kueue.prediction.communication_seconds
     )
+
+
+@st.composite
+def operations(draw: st.DrawFn) -> list[tuple[str, object]]:
+    ops: list[tuple[str, object]] = []
+    for _ in range(draw(st.integers(1, 25))):
+        kind = draw(st.sampled_from(["place", "place", "place", "commit", "release", "tick"]))
+        if kind == "place":
+            ops.append(
+                (
+                    kind,
+                    (
+                        draw(st.sampled_from(sorted(POLICIES))),
+                        draw(st.sampled_from([1, 2, 4, 8])),
+                        draw(st.integers(1, 2)),
+                        draw(st.sampled_from([0.5, 5.0])),
+                    ),
+                )
+            )
+        elif kind == "tick":
+            ops.append((kind, draw(st.sampled_from([0.1, 1.0, 10.0]))))
+        else:
+            ops.append((kind, draw(st.integers(0, 30))))
+    return ops
+
+
+@given(snap=clusters(), ops=operations())
+def test_reservations_are_never_handed_out_twice_and_expiry_returns_them(
+    snap: ClusterSnapshot, ops: list[tuple[str, object]]
+) -> None:
+    from aggregator.state import ClusterState
+
+    now = [1000.0]
+    state = ClusterState(clock=lambda: now[0], stale_after_s=1e9)
+    for s in snap.nodes.values():
+        state.apply_snapshot(s.topology, incarnation=1, sequence=1)
+    ids: list[str] = []
+    for kind, arg in ops:
+        if kind == "place":
+            policy, gpus, pods, ttl = arg  # type: ignore[misc]
+            req = request_from_mapping(
+                {"groups": [{"name": "g", "pods": pods, "gpus_per_pod": gpus}]}
+            )
+            result, _ = place(state.snapshot(), req, policy=policy)
+            if result.placed:
+                ids.append(state.reserve(result, ttl_s=ttl).id)  # raises on any clash
+        elif kind == "tick":
+            now[0] += float(arg)  # type: ignore[arg-type]
+        elif ids:
+            rid = ids[int(arg) % len(ids)]  # type: ignore[call-overload]
+            if state.reservation(rid) is not None:
+                (state.commit if kind == "commit" else state.release)(rid)
+        current = state.snapshot()
+        held = state.held_gpus()
+        for name, node in current.nodes.items():
+            assert not node.free & held.get(name, frozenset())
+            assert node.free | held.get(name, frozenset()) == frozenset(
+                range(node.topology.gpu_count)
+            )
+    now[0] += 1e6
+    for r in state.reservations():
+        state.release(r.id)
+    final = state.snapshot()
+    assert final.free_gpus == final.total_gpus
