@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 import grpc
 
@@ -120,6 +121,22 @@ class PlacementError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+
+
+async def _answer(
+    work: Callable[[_Req], _Resp],
+    request: _Req,
+    context: grpc.aio.ServicerContext[_Req, _Resp],
+) -> _Resp:
+    """Run one call's work; a `PlacementError` ends the call with its status and message."""
+    try:
+        return work(request)
+    except PlacementError as err:
+        await context.abort(err.status, err.message)
 
 
 class PlacementService(pgrpc.PlacementServicer):
@@ -276,10 +293,7 @@ class PlacementService(pgrpc.PlacementServicer):
         context: grpc.aio.ServicerContext[ppb.PlaceRequest, ppb.PlaceResponse],
     ) -> ppb.PlaceResponse:
         """See `place`."""
-        try:
-            return self.place(request)
-        except PlacementError as err:
-            await context.abort(err.status, err.message)
+        return await _answer(self.place, request, context)
 
     async def Commit(  # noqa: N802
         self,
@@ -287,10 +301,7 @@ class PlacementService(pgrpc.PlacementServicer):
         context: grpc.aio.ServicerContext[ppb.CommitRequest, ppb.CommitResponse],
     ) -> ppb.CommitResponse:
         """See `commit`."""
-        try:
-            return self.commit(request)
-        except PlacementError as err:
-            await context.abort(err.status, err.message)
+        return await _answer(self.commit, request, context)
 
     async def Release(  # noqa: N802
         self,
@@ -298,10 +309,7 @@ class PlacementService(pgrpc.PlacementServicer):
         context: grpc.aio.ServicerContext[ppb.ReleaseRequest, ppb.ReleaseResponse],
     ) -> ppb.ReleaseResponse:
         """See `release`."""
-        try:
-            return self.release(request)
-        except PlacementError as err:
-            await context.abort(err.status, err.message)
+        return await _answer(self.release, request, context)
 
     async def Explain(  # noqa: N802
         self,
@@ -309,10 +317,7 @@ class PlacementService(pgrpc.PlacementServicer):
         context: grpc.aio.ServicerContext[ppb.ExplainRequest, ppb.PlaceResponse],
     ) -> ppb.PlaceResponse:
         """See `explain`."""
-        try:
-            return self.explain(request)
-        except PlacementError as err:
-            await context.abort(err.status, err.message)
+        return await _answer(self.explain, request, context)
 
     async def GetTopology(  # noqa: N802
         self,
@@ -320,10 +325,7 @@ class PlacementService(pgrpc.PlacementServicer):
         context: grpc.aio.ServicerContext[ppb.GetTopologyRequest, tpb.ClusterTopology],
     ) -> tpb.ClusterTopology:
         """See `get_topology`."""
-        try:
-            return self.get_topology(request)
-        except PlacementError as err:
-            await context.abort(err.status, err.message)
+        return await _answer(self.get_topology, request, context)
 
     async def WatchTopology(  # noqa: N802
         self,

@@ -33,10 +33,9 @@ from gputopo.placement.search import (
     Plan,
     Slot,
     Tried,
-    best_node,
     label,
     missed_preferences,
-    pods_on,
+    node_plan,
     search_slot,
 )
 from gputopo.placement.view import View
@@ -187,23 +186,7 @@ def _one_node(
         else:
             tried.add(Scope.NODE, "*", "insufficient_gpus", "no node has {} free GPUs", need)
         return None
-    bucket = min(cost.time_bucket(t) for t, _ in found.values())
-    fastest = {c: v for c, v in found.items() if cost.time_bucket(v[0]) == bucket}
-    picked = best_node(view, fastest, need)
-    if picked is None:
-        return None
-    node, cls, harm = picked
-    seconds, choices = fastest[cls]
-    pods = []
-    for slot, choice in zip(slots, choices, strict=True):
-        pods.extend(pods_on(slot.group, slot.replica, [(node, choice.gpus)]))
-    missed = missed_preferences(slots, Scope.NODE, {}, preferred)
-    return Plan(
-        tuple(pods),
-        key(missed=missed, seconds=seconds, spread=0, span=Scope.NODE, harm=harm, names=(node,)),
-        seconds,
-        label(Scope.NODE, node),
-    )
+    return node_plan(view, slots, found, preferred)
 
 
 def _in_domain(

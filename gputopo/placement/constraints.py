@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from gputopo.cluster import ClusterSnapshot
 from gputopo.placement.links import span_of
 from gputopo.placement.objective import WIDTH
-from gputopo.placement.result import PodPlacement, Prediction
+from gputopo.placement.result import PlacementResult, PodPlacement, Prediction, Rejection
 from gputopo.request import PlacementRequest, Scope
 
-__all__ = ["violations"]
+__all__ = ["refusal", "violations"]
 
 
 def violations(
@@ -106,3 +106,26 @@ def _scope_problems(
     if WIDTH[span] > WIDTH[scope]:
         return [f"{what}: spans a {span.name.lower()}, requires one {scope.name.lower()}"]
     return []
+
+
+def refusal(
+    snapshot: ClusterSnapshot,
+    request: PlacementRequest,
+    pods: Sequence[PodPlacement],
+    *,
+    policy: str,
+    why: str,
+    code: str,
+    prediction: Prediction | None = None,
+) -> PlacementResult | None:
+    """A "not placed" answer naming the broken rules when `pods` break any (None when they do
+    not): a policy hands this out instead of a placement the user ruled out."""
+    broken = violations(snapshot, request, pods, prediction=prediction)
+    if not broken:
+        return None
+    return PlacementResult(
+        False,
+        policy,
+        reason=f"{why}: {broken[0]}",
+        rejections=tuple(Rejection("placement", code, b) for b in broken[:10]),
+    )

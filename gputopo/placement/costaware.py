@@ -38,7 +38,7 @@ from gputopo.placement.bundle import (
     search_bundle,
     single_node_seconds,
 )
-from gputopo.placement.constraints import violations
+from gputopo.placement.constraints import refusal
 from gputopo.placement.fill import matches
 from gputopo.placement.objective import WIDTH, Key
 from gputopo.placement.predict import edge_pairs, predict
@@ -403,12 +403,13 @@ class CostAwarePolicy:
             assert first_failure is not None
             return first_failure
         _, pods, prediction = best
-        broken = violations(snapshot, request, pods, prediction=prediction)
-        if broken:
-            return PlacementResult(
-                False,
-                self.name,
-                reason=f"internal error: the placement found breaks a rule ({broken[0]})",
-                rejections=tuple(Rejection("placement", "internal", b) for b in broken[:10]),
-            )
-        return PlacementResult(True, self.name, tuple(pods), prediction)
+        wrong = refusal(
+            snapshot,
+            request,
+            pods,
+            policy=self.name,
+            why="internal error: the placement found breaks a rule",
+            code="internal",
+            prediction=prediction,
+        )
+        return wrong or PlacementResult(True, self.name, tuple(pods), prediction)

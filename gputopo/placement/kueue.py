@@ -26,7 +26,7 @@ import weakref
 
 from gputopo.cluster import ClusterSnapshot
 from gputopo.placement.baselines import gpuallocator_choice
-from gputopo.placement.constraints import violations
+from gputopo.placement.constraints import refusal
 from gputopo.placement.fill import matches
 from gputopo.placement.kueue_tas import (
     HOSTNAME_LABEL,
@@ -139,17 +139,19 @@ class KueueBestFitPolicy:
                         "allocate the GPUs Kueue admitted",
                     )
                 pods.extend(placed)
-        broken = violations(snapshot, request, pods)
-        if broken:
-            # Kueue admits PodSets one by one: it has no way to keep several in one domain or
-            # apart. Its answer would break the request, so the baseline says so instead.
-            return PlacementResult(
-                False,
-                self.name,
-                reason=f"Kueue's assignment breaks the request: {broken[0]}",
-                rejections=tuple(Rejection("kueue", "unsupported", b) for b in broken[:10]),
-            )
-        return PlacementResult(True, self.name, tuple(pods), predict(snapshot, request, pods))
+        # Kueue admits PodSets one by one: it has no way to keep several in one domain or
+        # apart. When its answer would break the request, the baseline says so instead.
+        wrong = refusal(
+            snapshot,
+            request,
+            pods,
+            policy=self.name,
+            why="Kueue's assignment breaks the request",
+            code="unsupported",
+        )
+        return wrong or PlacementResult(
+            True, self.name, tuple(pods), predict(snapshot, request, pods)
+        )
 
     def _podset(
         self,

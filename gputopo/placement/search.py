@@ -44,6 +44,7 @@ __all__ = [
     "Slot",
     "Tried",
     "missed_preferences",
+    "node_plan",
     "pods_on",
     "search_slot",
 ]
@@ -239,15 +240,34 @@ def _one_node(
                 most,
             )
         return None
-    bucket = min(cost.time_bucket(t) for t, _ in times.values())
-    fastest = {c: v for c, v in times.items() if cost.time_bucket(v[0]) == bucket}
+    return node_plan(view, [slot], {c: (t, (f,)) for c, (t, f) in times.items()}, preferred)
+
+
+def node_plan(
+    view: View,
+    slots: Sequence[Slot],
+    options: Mapping[NodeClass, tuple[float, tuple[NodeChoice, ...]]],
+    preferred: Scope | None,
+) -> Plan | None:
+    """The plan on the least damaging node among the fastest classes.
+
+    `options` gives, per class that can hold the slots, the predicted seconds and each slot's
+    GPUs on such a node (in the order of `slots`).
+    """
+    if not options:
+        return None
+    need = sum(s.need for s in slots)
+    bucket = min(cost.time_bucket(t) for t, _ in options.values())
+    fastest = {c: v for c, v in options.items() if cost.time_bucket(v[0]) == bucket}
     picked = best_node(view, fastest, need)
     if picked is None:
         return None
     node, cls, harm = picked
-    seconds, found = fastest[cls]
-    pods = pods_on(group, slot.replica, [(node, found.gpus)])
-    missed = missed_preferences([slot], Scope.NODE, {}, preferred)
+    seconds, choices = fastest[cls]
+    pods: list[PodPlacement] = []
+    for slot, choice in zip(slots, choices, strict=True):
+        pods.extend(pods_on(slot.group, slot.replica, [(node, choice.gpus)]))
+    missed = missed_preferences(slots, Scope.NODE, {}, preferred)
     return Plan(
         tuple(pods),
         key(missed=missed, seconds=seconds, spread=0, span=Scope.NODE, harm=harm, names=(node,)),
