@@ -248,3 +248,22 @@ def test_ring_model_against_published_bus_bandwidth(case: PublishedCase) -> None
     busbw = cost.allreduce_busbw_gbps(size_bytes=size, ranks=case.ranks, seconds=t)
     assert busbw == pytest.approx(case.published_busbw, rel=case.tolerance)
     assert busbw >= case.published_busbw * 0.97  # never predicts slower than measured
+
+
+def test_alltoall_in_one_nvlink_domain_shares_the_gpus_nvlink_ports() -> None:
+    # NVL72: a GPU reaches local and remote peers through the same NVLink ports, so splitting
+    # four ranks over two trays must not look faster than keeping them on one.
+    size = 4 * 10**9
+    one_tray = cost.alltoall_seconds(
+        size_bytes=size, ranks=4, gpus_per_node=4, intra_gbps=900, inter_gbps_per_gpu=900
+    )
+    two_trays = cost.alltoall_seconds(
+        size_bytes=size,
+        ranks=4,
+        gpus_per_node=2,
+        intra_gbps=900,
+        inter_gbps_per_gpu=900,
+        shared=True,
+    )
+    assert two_trays == pytest.approx(one_tray)
+    assert two_trays == pytest.approx(3 / 4 * size / 900e9)

@@ -15,8 +15,9 @@ placement policy, side by side on the same states.
    policy's predicted time is worse than kueue-bestfit's beyond the tie bucket
    (`cost.TIME_BUCKET_RATIO`), both feasible; and how often kueue-bestfit was feasible where
    gputopo did not place at all.
-3. `quality_vs_optimal`: on random small instances (2-3 recorded machines, random busy GPUs,
-   small requests with all-reduce, all-to-all, pipeline and a KV edge) where
+3. `quality_vs_optimal`: on random small instances (2-4 recorded machines, random busy GPUs;
+   TP-2, TP-4, two TP-2 replicas, gangs of 2-3 pods, all-reduce, all-to-all or pipeline, and a
+   prefill/decode pair with a KV deadline) where
    `placement.exhaustive` can try every placement, each policy's predicted time over the optimum:
    mean and max over its feasible answers, and how many feasible instances it left unplaced or
    placed infeasibly.
@@ -268,20 +269,22 @@ def _small_instance(rng: random.Random) -> tuple[Any, Any]:
     from gputopo.topology import FabricPosition
 
     nodes = []
-    for i in range(rng.choice([2, 3])):
+    for i in range(rng.choice([2, 3, 4])):
         topo = load_machine(rng.choice(_SMALL_PROFILES), node_name=f"n{i}")
         topo = replace(topo, fabric=FabricPosition(tiers=(f"leaf-{rng.randrange(2)}", "spine")))
         busy = {g for g in range(topo.gpu_count) if rng.random() < 0.55}
         nodes.append(NodeState(topo, frozenset(range(topo.gpu_count)) - busy))
     snapshot = ClusterSnapshot(nodes)
     pattern = rng.choice(["all_reduce", "all_reduce", "all_to_all", "pipeline"])
-    kind = rng.choice(["tp2", "tp4", "gang2x2", "gang2x4", "pd"])
+    kind = rng.choice(["tp2", "tp4", "2xtp2", "gang2x2", "gang3x1", "gang2x4", "pd"])
     data: dict[str, Any]
     if kind in ("tp2", "tp4"):
         data = {"groups": [{"name": "tp", "gpus_per_pod": int(kind[2]), "pattern": pattern}]}
+    elif kind == "2xtp2":
+        data = {"groups": [{"name": "tp", "replicas": 2, "gpus_per_pod": 2, "pattern": pattern}]}
     elif kind.startswith("gang"):
-        per = int(kind[-1])
-        data = {"groups": [{"name": "g", "pods": 2, "gpus_per_pod": per, "pattern": pattern}]}
+        pods, per = int(kind[4]), int(kind[-1])
+        data = {"groups": [{"name": "g", "pods": pods, "gpus_per_pod": per, "pattern": pattern}]}
     else:
         data = {
             "groups": [

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from gputopo import cost
-from gputopo.cluster import NodeClass, NodeShape
+from gputopo.cluster import ClusterSnapshot, NodeClass, NodeShape
 from gputopo.placement.intranode import NodeChoice, choose, figures_of
-from gputopo.placement.links import span_of
+from gputopo.placement.links import holds, span_of
 from gputopo.placement.objective import WIDTH, damage, key, width
 from gputopo.placement.predict import NodePart, collective_seconds, edge_gbps, parts_of
 from gputopo.placement.search import (
@@ -37,6 +37,7 @@ from gputopo.placement.search import (
     missed_preferences,
     node_plan,
     search_slot,
+    slower_node_plans,
 )
 from gputopo.placement.view import View
 from gputopo.request import Group, Pattern, Scope
@@ -45,6 +46,10 @@ __all__ = ["BundleEdge", "fastest_pair_gbps", "search_bundle", "single_node_seco
 
 # Per slot, at most this many GPU subsets are tried when splitting a node (the best by ring).
 _SUBSETS_PER_SLOT = 24
+# Inside a domain, replicas that do not fit after the others are retried first this many times.
+_REORDERS = 2
+# Inside a domain, how many of the first replica's best plans each start a pass.
+_STARTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +166,10 @@ def _one_node(
     preferred: Scope | None,
     tried: Tried,
 ) -> Plan | None:
+    spread = [s.group.name for s in slots if s.group.spread is not None and s.group.spread.required]
+    if len(spread) != len(set(spread)):
+        tried.add(Scope.NODE, "*", "spread", "replicas of one group must not share a node")
+        return None
     sigs = tuple(_signature(s) for s in slots)
     need = sum(s.need for s in slots)
     scope, domain = view.root()
@@ -186,6 +195,8 @@ def _one_node(
         else:
             tried.add(Scope.NODE, "*", "insufficient_gpus", "no node has {} free GPUs", need)
         return None
+    if tried.alternatives:
+        slower_node_plans(view, slots, found, preferred, tried)
     return node_plan(view, slots, found, preferred)
 
 
@@ -199,20 +210,81 @@ def _in_domain(
     preferred: Scope | None,
     tried: Tried,
 ) -> Plan | None:
+    """The bundle's replicas one after another inside one domain, edges checked on the result.
+
+    The first replica's few best plans each start a pass (what suits it best can leave the
+    others worse off); a replica that finds no room is moved to the front and the passes rerun.
+    """
+    order = sorted(range(len(slots)), key=lambda i: (-slots[i].need, i))
+    best: Plan | None = None
+    why = "room"
+    for _ in range(_REORDERS + 1):
+        failed: int | None = None
+        for start in _starts(view, scope, domain, slots[order[0]]):
+            placed, missing, reason = _sequentially(
+                view, scope, domain, slots, order=order, start=start, edges=edges
+            )
+            if missing is not None:
+                if failed is None:
+                    failed, why = missing, reason
+                continue
+            plan = _checked(
+                view,
+                scope,
+                domain,
+                slots,
+                edges=edges,
+                placed=placed,
+                preferred=preferred,
+                tried=tried,
+            )
+            if plan is not None and (best is None or plan.key < best.key):
+                best = plan
+        if best is not None:
+            return best
+        if failed is None:
+            failed = order[0]
+        # An earlier replica took the room this one needed: let this one's group go first.
+        group = slots[failed].group.name
+        first = [i for i in order if slots[i].group.name == group]
+        again = first + [i for i in order if i not in first]
+        if again == order:
+            break
+        order = again
+    if why == "bandwidth":
+        tried.add(scope, domain, "bandwidth", "no placement of the bundle here meets its edges")
+    else:
+        tried.add(scope, domain, "fragmented", "the bundle's replicas do not fit side by side")
+    return None
+
+
+def _starts(view: View, scope: Scope, domain: str, slot: Slot) -> list[Plan]:
+    """The first replica's best plans in the domain, distinct node sets, best first."""
+    pool = Tried(alternatives=True)
+    sub = view.for_group(slot.group.name, within=(scope, domain))
+    search_slot(sub, slot, limit=slot.group.scope.required, preferred=None, tried=pool)
+    out: list[Plan] = []
+    for plan in sorted(pool.plans, key=lambda p: p.key):
+        if all(plan.taken() != other.taken() for other in out):
+            out.append(plan)
+        if len(out) == _STARTS:
+            break
+    return out
+
+
+def _checked(
+    view: View,
+    scope: Scope,
+    domain: str,
+    slots: Sequence[Slot],
+    *,
+    edges: tuple[BundleEdge, ...],
+    placed: dict[int, Plan],
+    preferred: Scope | None,
+    tried: Tried,
+) -> Plan | None:
+    """The bundle's plan from its replicas' plans, or None when an edge misses its need."""
     snapshot = view.snapshot
-    working = snapshot
-    placed: dict[int, Plan] = {}
-    inner = Tried()
-    for i in sorted(range(len(slots)), key=lambda i: (-slots[i].need, i)):
-        slot = slots[i]
-        sub = View(working, allowed=view.allowed, excluded=view.excluded, within=(scope, domain))
-        plan = search_slot(sub, slot, limit=slot.group.scope.required, preferred=None, tried=inner)
-        if plan is None:
-            tried.add(scope, domain, "fragmented", "{} does not fit beside the rest", slot.label)
-            return None
-        placed[i] = plan
-        taken = plan.taken()
-        working = working.with_free({n: working.node(n).free - g for n, g in taken.items()})
     parts: dict[int, tuple[NodePart, ...]] = {
         i: parts_of(snapshot, p.pods) for i, p in placed.items()
     }
@@ -259,6 +331,119 @@ def _in_domain(
     )
 
 
+def _sequentially(
+    view: View,
+    scope: Scope,
+    domain: str,
+    slots: Sequence[Slot],
+    *,
+    order: Sequence[int],
+    start: Plan,
+    edges: tuple[BundleEdge, ...] = (),
+) -> tuple[dict[int, Plan], int | None, str]:
+    """Place the slots one after another inside one domain, the first as `start` says; the
+    plans so far, the index of the slot that did not fit (None when all did) and why
+    ("room", or "bandwidth" when only its edges ruled out every candidate).
+
+    A slot joined by edges to slots already placed takes the best of its candidate plans that
+    meets those edges; its partners' own nodes are candidates too, so a decode can sit next to
+    its prefill on a node the search alone would not pick.
+    """
+    snapshot = view.snapshot
+    working = snapshot.with_free({n: snapshot.node(n).free - g for n, g in start.taken().items()})
+    placed: dict[int, Plan] = {order[0]: start}
+    for i in order[1:]:
+        slot = slots[i]
+        spread = slot.group.spread
+        away: frozenset[str] = frozenset()
+        if spread is not None and spread.required:
+            away = frozenset(
+                n
+                for p in placed.values()
+                for n in _spread_members(snapshot, p, slot.group.name, spread.across)
+            )
+        sub = view.for_group(
+            slot.group.name, snapshot=working, within=(scope, domain), excluded=away
+        )
+        links = [
+            e
+            for e in edges
+            if i in (e.source, e.target) and {e.source, e.target} - {i} <= placed.keys()
+        ]
+        inner = Tried(alternatives=bool(links))
+        plan = search_slot(sub, slot, limit=slot.group.scope.required, preferred=None, tried=inner)
+        if plan is None:
+            return placed, i, "room"
+        if links:
+            plan = _meeting(snapshot, sub, slot, i, links=links, placed=placed, tried=inner)
+            if plan is None:
+                return placed, i, "bandwidth"
+        placed[i] = plan
+        taken = plan.taken()
+        working = working.with_free({n: working.node(n).free - g for n, g in taken.items()})
+    return placed, None, ""
+
+
+def _meeting(
+    snapshot: ClusterSnapshot,
+    view: View,
+    slot: Slot,
+    index: int,
+    *,
+    links: Sequence[BundleEdge],
+    placed: dict[int, Plan],
+    tried: Tried,
+) -> Plan | None:
+    """The best candidate plan of a slot that meets its edges to the placed slots."""
+    partners = {
+        n for e in links for n in placed[e.target if e.source == index else e.source].taken()
+    }
+    candidates = list(tried.plans)
+    for node in sorted(partners):
+        if view.ok(node):
+            near = View(view.snapshot, allowed=frozenset({node}), excluded=view.excluded)
+            found = search_slot(
+                near, slot, limit=slot.group.scope.required, preferred=None, tried=Tried()
+            )
+            if found is not None:
+                candidates.append(found)
+    for plan in sorted(candidates, key=lambda p: p.key):
+        mine = parts_of(snapshot, plan.pods)
+        if all(
+            edge_gbps(
+                snapshot,
+                mine if e.source == index else parts_of(snapshot, placed[e.source].pods),
+                mine if e.target == index else parts_of(snapshot, placed[e.target].pods),
+            )
+            >= e.need_gbps
+            for e in links
+        ):
+            return plan
+    return None
+
+
+def _spread_members(snapshot: ClusterSnapshot, plan: Plan, group: str, across: Scope) -> set[str]:
+    """The nodes of the `across` domains a plan's pods of `group` occupy."""
+    out: set[str] = set()
+    for p in plan.pods:
+        if p.group != group:
+            continue
+        domain = snapshot.domain_of(p.node, across)
+        if across is Scope.NODE or not domain:
+            out.add(p.node)
+        else:
+            out.update(snapshot.domains(across).get(domain, (p.node,)))
+    return out
+
+
+def _inside_limit(view: View, scope: Scope, domain: str, limit: Scope | None) -> bool:
+    """Whether a candidate domain lies in one domain of the bundle's required scope (multi-node
+    NVLink domains may straddle leaves)."""
+    if limit is None or scope is not Scope.NVLINK or limit in (Scope.NODE, Scope.NVLINK):
+        return True
+    return holds(view.snapshot, view.snapshot.domains(scope).get(domain, ()), limit)
+
+
 def search_bundle(
     view: View,
     slots: Sequence[Slot],
@@ -276,13 +461,15 @@ def search_bundle(
     widening the search once nothing wider can be faster.
     """
     best = _one_node(view, slots, edges, preferred=preferred, tried=tried)
+    if best is not None:
+        tried.plans.append(best)
     need = sum(s.need for s in slots)
     root_scope, root = view.root()
     floor: float | None = None
     for scope in (Scope.NVLINK, Scope.LEAF, Scope.SPINE, Scope.CORE, Scope.ZONE, Scope.CLUSTER):
         if WIDTH[scope] > min(width(limit), WIDTH[root_scope]):
             break
-        if best is not None:
+        if best is not None and not tried.explore:
             if floor is None:
                 floor = bound()
             if cost.time_bucket(floor) >= best.key.time:
@@ -294,8 +481,11 @@ def search_bundle(
         else:
             domains = [d for d in view.snapshot.free_domains(scope) if view.contains(scope, d)]
         roomy = []
+        loose = view.loosest()
         for d in domains:
-            free = view.free(scope, d)
+            if not _inside_limit(view, scope, d, limit):
+                continue
+            free = loose.free(scope, d)
             if free < need:
                 tried.add(scope, d, "insufficient_gpus", "{} free GPUs, {} needed", free, need)
             else:
@@ -303,6 +493,8 @@ def search_bundle(
         roomy.sort()
         for _, d in roomy[:EXACT_PER_SCOPE]:
             plan = _in_domain(view, scope, d, slots, edges, preferred=preferred, tried=tried)
+            if plan is not None:
+                tried.plans.append(plan)
             if plan is not None and (best is None or plan.key < best.key):
                 best = plan
     return best

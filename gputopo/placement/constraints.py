@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gputopo.cluster import ClusterSnapshot
-from gputopo.placement.links import span_of
-from gputopo.placement.objective import WIDTH
+from gputopo.placement.links import holds, span_of
 from gputopo.placement.result import PlacementResult, PodPlacement, Prediction, Rejection
 from gputopo.request import PlacementRequest, Scope
 
@@ -102,8 +101,8 @@ def _scope_problems(
         if len(gpus) > 1 and not any(gpus <= isl for isl in islands):
             return [f"{what}: GPUs {sorted(gpus)} of {nodes[0]} are not one NVLink island"]
         return []
-    span = span_of(snapshot, nodes)
-    if WIDTH[span] > WIDTH[scope]:
+    if not holds(snapshot, nodes, scope):
+        span = span_of(snapshot, nodes)
         return [f"{what}: spans a {span.name.lower()}, requires one {scope.name.lower()}"]
     return []
 

@@ -48,8 +48,10 @@ from gputopo.placement.view import View
 from gputopo.request import Group, Pairing, PlacementRequest, Scope
 
 __all__ = [
+    "ALTERNATIVES",
     "MAX_ENCLOSING",
     "MAX_REJECTIONS",
+    "MAX_RETRIES",
     "CostAwarePolicy",
     "Unit",
     "components",
@@ -61,6 +63,11 @@ __all__ = [
 MAX_REJECTIONS = 50
 # Enclosing domains tried for a multi-unit request with a required scope, tightest fit first.
 MAX_ENCLOSING = 16
+# When a unit cannot be placed after others took the room it needed, the decision is retried
+# with that unit's group first, at most this many times.
+MAX_RETRIES = 3
+# How many of the first unit's best plans each start a greedy pass over the other units.
+ALTERNATIVES = 3
 
 
 def components(request: PlacementRequest) -> list[tuple[Group, ...]]:
@@ -171,44 +178,50 @@ class _Decision:
     """One placement decision: the request, the snapshot, and what is placed so far."""
 
     def __init__(
-        self, snapshot: ClusterSnapshot, request: PlacementRequest, order: Sequence[Unit]
+        self,
+        snapshot: ClusterSnapshot,
+        request: PlacementRequest,
+        order: Sequence[Unit],
+        *,
+        explore: bool = False,
     ) -> None:
         self.snapshot = snapshot
         self.request = request
         self.units = list(order)
-        self._allowed: dict[tuple[tuple[str, str], ...], frozenset[str] | None] = {}
+        self.explore = explore
+        self.failed: Unit | None = None  # the unit that could not be placed, if any
+        self._allowed: dict[tuple[tuple[tuple[str, str], ...], ...], frozenset[str] | None] = {}
 
-    def allowed(self, unit: Unit) -> frozenset[str] | None:
-        """Nodes every slot's selectors (and the request's) accept; None when unrestricted."""
-        selector: dict[str, str] = dict(self.request.node_selector)
-        for s in unit.slots:
-            selector.update(s.group.node_selector)
-        k = tuple(sorted(selector.items()))
+    def allowed(self, *groups: Group) -> frozenset[str] | None:
+        """Nodes the request's selector and every given group's accept; None when nothing is
+        selected. Selectors of different groups may conflict: then no node is allowed."""
+        selectors = [self.request.node_selector, *(g.node_selector for g in groups)]
+        k = tuple(tuple(sorted(sel.items())) for sel in selectors if sel)
         if k not in self._allowed:
             self._allowed[k] = (
-                frozenset(n for n, st in self.snapshot.nodes.items() if matches(st, selector))
-                if selector
+                frozenset(n for n, st in self.snapshot.nodes.items() if matches(st, *selectors))
+                if k
                 else None
             )
         return self._allowed[k]
 
-    def run(self) -> PlacementResult | tuple[list[PodPlacement], Key]:
+    def run(self) -> PlacementResult | list[tuple[list[PodPlacement], Key]]:
+        """Every complete placement this order yields (see `place_all`), or why none."""
         required = self.request.scope.required
         if required is None or required is Scope.CLUSTER or len(self.units) == 1:
             return self.place_all(within=None)
         need = self.request.total_gpus
         enclosing = self._enclosing(required, need)
-        best: tuple[list[PodPlacement], Key] | None = None
+        found: list[tuple[list[PodPlacement], Key]] = []
         failures: list[Rejection] = []
         for scope, domain in enclosing[:MAX_ENCLOSING]:
             outcome = self.place_all(within=(scope, domain))
             if isinstance(outcome, PlacementResult):
                 failures.append(Rejection(f"{scope.name.lower()}/{domain}", "unit", outcome.reason))
                 continue
-            if best is None or outcome[1] < best[1]:
-                best = outcome
-        if best is not None:
-            return best
+            found.extend(outcome)
+        if found:
+            return found
         scope_name = required.name.lower()
         return PlacementResult(
             False,
@@ -236,15 +249,58 @@ class _Decision:
 
     def place_all(
         self, *, within: tuple[Scope, str] | None
+    ) -> PlacementResult | list[tuple[list[PodPlacement], Key]]:
+        """Place the units in order. The first unit's few best plans (`ALTERNATIVES`, distinct
+        node sets) each start one greedy pass: what suits the first unit best can cost later
+        units more than it gains, and the request's own later units are known."""
+        first, tried = self._place_unit(
+            self.snapshot,
+            self.units[0],
+            within=within,
+            used={},
+            single=len(self.units) == 1,
+            alternatives=len(self.units) > 1,
+        )
+        if first is None:
+            self.failed = self.units[0]
+            return self._failure(self.snapshot, self.units[0], tried)
+        if len(self.units) == 1:
+            return [(list(first.pods), first.key)]
+        starts: list[Plan] = []
+        for plan in sorted(tried.plans, key=lambda p: p.key):
+            if all(plan.taken() != other.taken() for other in starts):
+                starts.append(plan)
+            if len(starts) == ALTERNATIVES:
+                break
+        found: list[tuple[list[PodPlacement], Key]] = []
+        failure: PlacementResult | None = None
+        for start in starts:
+            outcome = self._greedy(start, within=within)
+            if isinstance(outcome, PlacementResult):
+                failure = failure or outcome
+            else:
+                found.append(outcome)
+        if found:
+            return found
+        assert failure is not None
+        return failure
+
+    def _greedy(
+        self, first: Plan, *, within: tuple[Scope, str] | None
     ) -> PlacementResult | tuple[list[PodPlacement], Key]:
         working = self.snapshot
         pods: list[PodPlacement] = []
         plans: list[Plan] = []
         used: dict[str, set[str]] = {}  # group -> spread domains used so far
-        single = len(self.units) == 1
         for unit in self.units:
-            plan, tried = self._place_unit(working, unit, within=within, used=used, single=single)
+            if not plans:
+                plan: Plan | None = first
+            else:
+                plan, tried = self._place_unit(
+                    working, unit, within=within, used=used, single=False
+                )
             if plan is None:
+                self.failed = unit
                 return self._failure(working, unit, tried)
             pods.extend(plan.pods)
             plans.append(plan)
@@ -269,9 +325,11 @@ class _Decision:
         within: tuple[Scope, str] | None,
         used: Mapping[str, set[str]],
         single: bool,
+        alternatives: bool = False,
     ) -> tuple[Plan | None, Tried]:
-        tried = Tried()
-        allowed = self.allowed(unit)
+        tried = Tried(alternatives=alternatives, explore=alternatives and self.explore)
+        allowed = self.allowed(*(s.group for s in unit.slots))
+        per_group = {s.group.name: self.allowed(s.group) for s in unit.slots}
         required_out: set[str] = set()
         preferred_out: set[str] = set()
         for s in unit.slots:
@@ -280,7 +338,13 @@ class _Decision:
                 continue
             nodes = _members(working, spread.across, used[s.group.name])
             (required_out if spread.required else preferred_out).update(nodes)
-        view = View(working, allowed=allowed, excluded=frozenset(required_out), within=within)
+        view = View(
+            working,
+            allowed=allowed,
+            excluded=frozenset(required_out),
+            within=within,
+            per_group=per_group,
+        )
         plan = self._search(view, unit, single=single, tried=tried)
         if preferred_out:
             away = View(
@@ -288,6 +352,7 @@ class _Decision:
                 allowed=allowed,
                 excluded=frozenset(required_out | preferred_out),
                 within=within,
+                per_group=per_group,
             )
             apart = self._search(away, unit, single=single, tried=Tried())
             if plan is not None:
@@ -309,16 +374,18 @@ class _Decision:
                 limit=_narrower(slot.group.scope.required, limit),
                 preferred=preferred,
                 tried=tried,
+                nvlink=limit is Scope.NVLINK,
             )
 
         def bound() -> float:
             total = 0.0
             for s in unit.slots:
-                best = single_node_seconds(view, s)
+                own = view.for_group(s.group.name)
+                best = single_node_seconds(own, s)
                 if s.group.pods > 1:
-                    best = min(best, optimistic_seconds(view, s.group, nvlink=True))
+                    best = min(best, optimistic_seconds(own, s.group, nvlink=True))
                 total += best
-            fastest = fastest_pair_gbps(view)
+            fastest = fastest_pair_gbps(view.loosest())
             for e in unit.edges:
                 shards = min(unit.slots[e.source].need, unit.slots[e.target].need)
                 if e.transfer_bytes and fastest > 0:
@@ -383,22 +450,50 @@ class CostAwarePolicy:
 
         Units are decided one after another, so their order matters when a request has
         several groups: each order of `orders` is tried and the best whole placement (by its
-        predicted time, then the rest of its key) wins.
+        predicted time, then the rest of its key) wins. An order that fails because earlier
+        units took a later one's room is retried with the failing unit's group first; when
+        every order fails, once more with the first unit's alternatives searched wider.
         """
         first_failure: PlacementResult | None = None
         best: tuple[Key, list[PodPlacement], Prediction] | None = None
         group_order = {g.name: i for i, g in enumerate(request.groups)}
-        for order in orders(request):
-            outcome = _Decision(snapshot, request, order).run()
-            if isinstance(outcome, PlacementResult):
-                first_failure = first_failure or outcome
+
+        def consider(found: list[tuple[list[PodPlacement], Key]]) -> None:
+            nonlocal best
+            for pods, total in found:
+                pods.sort(key=lambda p: (group_order[p.group], p.replica, p.rank))
+                prediction = predict(snapshot, request, pods)
+                final = total._replace(time=cost.time_bucket(prediction.communication_seconds))
+                if best is None or final < best[0]:
+                    best = (final, pods, prediction)
+
+        queue = orders(request)
+        seen = list(queue)
+        retries = 0
+        while queue:
+            order = queue.pop(0)
+            decision = _Decision(snapshot, request, order)
+            outcome = decision.run()
+            if not isinstance(outcome, PlacementResult):
+                consider(outcome)
                 continue
-            pods, total = outcome
-            pods.sort(key=lambda p: (group_order[p.group], p.replica, p.rank))
-            prediction = predict(snapshot, request, pods)
-            final = total._replace(time=cost.time_bucket(prediction.communication_seconds))
-            if best is None or final < best[0]:
-                best = (final, pods, prediction)
+            first_failure = first_failure or outcome
+            failed = decision.failed
+            if failed is not None and retries < MAX_RETRIES:
+                # Earlier units took what this one needed: let its group go first.
+                names = {s.group.name for s in failed.slots}
+                first = [u for u in order if any(s.group.name in names for s in u.slots)]
+                again = first + [u for u in order if u not in first]
+                if again not in seen:
+                    seen.append(again)
+                    queue.append(again)
+                    retries += 1
+        if best is None and len(seen[0]) > 1:
+            # Every order failed: look wider for the first unit's alternatives and try again.
+            for order in orders(request):
+                outcome = _Decision(snapshot, request, order, explore=True).run()
+                if not isinstance(outcome, PlacementResult):
+                    consider(outcome)
         if best is None:
             assert first_failure is not None
             return first_failure

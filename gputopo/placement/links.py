@@ -14,7 +14,7 @@ from functools import lru_cache
 from gputopo.cluster import ClusterSnapshot
 from gputopo.request import Scope
 
-__all__ = ["best_ring_of_matrix", "span_of"]
+__all__ = ["best_ring_of_matrix", "holds", "span_of"]
 
 
 @lru_cache(maxsize=65536)
@@ -84,3 +84,18 @@ def span_of(snapshot: ClusterSnapshot, nodes: Sequence[str]) -> Scope:
         if len(ids) == 1 and None not in ids and "" not in ids:
             return scope
     return Scope.CLUSTER
+
+
+def holds(snapshot: ClusterSnapshot, nodes: Sequence[str], scope: Scope) -> bool:
+    """Whether one domain of `scope` holds all the nodes.
+
+    Scopes do not nest strictly: a multi-node NVLink domain can straddle two leaves, so "the
+    narrowest scope holding them" (`span_of`) is not enough to check a required scope.
+    """
+    unique = set(nodes)
+    if scope is Scope.CLUSTER or len(unique) <= 1:
+        return True
+    if scope is Scope.NODE:
+        return False
+    ids = {snapshot.domain_of(n, scope) for n in unique}
+    return len(ids) == 1 and None not in ids and "" not in ids

@@ -177,6 +177,7 @@ def collective(
             inter_gbps_per_gpu=inter_gbps,
             intra_latency_us=intra_latency,
             inter_latency_us=inter_latency,
+            shared=nvlink,
         )
         bus = size * (n - 1) / n / seconds / 1e9 if seconds > 0 else math.inf
     else:  # PIPELINE: the slowest hop between consecutive ranks

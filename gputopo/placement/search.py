@@ -31,7 +31,7 @@ from gputopo import cost
 from gputopo.cluster import Cell, ClusterSnapshot, NodeClass, NodeShape
 from gputopo.links import LinkKind
 from gputopo.placement.intranode import NodeChoice, choose
-from gputopo.placement.links import span_of
+from gputopo.placement.links import holds, span_of
 from gputopo.placement.objective import WIDTH, Damage, Key, damage, key, width
 from gputopo.placement.predict import collective_seconds
 from gputopo.placement.result import PodPlacement, Rejection
@@ -39,6 +39,7 @@ from gputopo.placement.view import View
 from gputopo.request import Group, Scope
 
 __all__ = [
+    "ALTERNATIVE_BUCKETS",
     "EXACT_PER_SCOPE",
     "Plan",
     "Slot",
@@ -47,7 +48,12 @@ __all__ = [
     "node_plan",
     "pods_on",
     "search_slot",
+    "slower_node_plans",
 ]
+
+# With alternatives asked for, one-node searches also plan the best node of this many of the
+# fastest time buckets.
+ALTERNATIVE_BUCKETS = 3
 
 # How many estimated domains per scope are turned into concrete nodes. Estimates are exact in
 # time and node damage; what this bounds is the tie-break between equally good domains.
@@ -100,6 +106,14 @@ class Tried:
     """
 
     items: list[tuple[Scope, str, str, str, tuple[object, ...]]] = field(default_factory=list)
+    # Every concrete plan built on the way (the best one included), for callers that want
+    # alternatives to the best; with `alternatives`, one-node searches also add the best node
+    # of the next slower classes.
+    plans: list[Plan] = field(default_factory=list)
+    alternatives: bool = False
+    # Search every scope up to the limit even when no wider domain can be faster (to collect
+    # alternatives when a greedy pass over a request's units failed).
+    explore: bool = False
 
     def add(self, scope: Scope, domain: str, code: str, template: str, *args: object) -> None:
         """Record one rejected domain; the message is `template.format(*args)`."""
@@ -240,7 +254,27 @@ def _one_node(
                 most,
             )
         return None
-    return node_plan(view, [slot], {c: (t, (f,)) for c, (t, f) in times.items()}, preferred)
+    options = {c: (t, (f,)) for c, (t, f) in times.items()}
+    if tried.alternatives:
+        slower_node_plans(view, [slot], options, preferred, tried)
+    return node_plan(view, [slot], options, preferred)
+
+
+def slower_node_plans(
+    view: View,
+    slots: Sequence[Slot],
+    options: Mapping[NodeClass, tuple[float, tuple[NodeChoice, ...]]],
+    preferred: Scope | None,
+    tried: Tried,
+) -> None:
+    """Add to `tried.plans` the best node of the next slower time buckets: a later unit of
+    the same request may need the fastest node more."""
+    buckets = sorted({cost.time_bucket(t) for t, _ in options.values()})
+    for bucket in buckets[1:ALTERNATIVE_BUCKETS]:
+        subset = {c: v for c, v in options.items() if cost.time_bucket(v[0]) == bucket}
+        plan = node_plan(view, slots, subset, preferred)
+        if plan is not None:
+            tried.plans.append(plan)
 
 
 def node_plan(
@@ -493,6 +527,14 @@ def _domains(view: View, scope: Scope) -> Iterable[str]:
     return (d for d in view.snapshot.free_domains(scope) if view.contains(scope, d))
 
 
+def _fits_limit(snapshot: ClusterSnapshot, scope: Scope, domain: str, limit: Scope) -> bool:
+    """Whether a candidate domain lies inside one domain of the required scope (a multi-node
+    NVLink domain may straddle leaves; tier domains nest by construction)."""
+    if scope is limit or scope is not Scope.NVLINK or limit in (Scope.NODE, Scope.NVLINK):
+        return True
+    return holds(snapshot, snapshot.domains(scope).get(domain, ()), limit)
+
+
 def _several_nodes(
     view: View,
     slot: Slot,
@@ -510,7 +552,7 @@ def _several_nodes(
         if WIDTH[scope] > width(limit):
             break
         nvlink = scope is Scope.NVLINK
-        if best is not None:
+        if best is not None and not tried.explore:
             if nvlink not in bounds:
                 bounds[nvlink] = optimistic_seconds(view, group, nvlink=nvlink)
             if cost.time_bucket(bounds[nvlink]) >= best.key.time:
@@ -521,6 +563,8 @@ def _several_nodes(
                 break
         estimates: list[tuple[tuple[object, ...], str, _Estimate]] = []
         for domain in _domains(view, scope):
+            if limit is not None and not _fits_limit(view.snapshot, scope, domain, limit):
+                continue
             free = view.free(scope, domain)
             if free < need:
                 tried.add(scope, domain, "insufficient_gpus", "{} free GPUs, {} needed", free, need)
@@ -547,6 +591,7 @@ def _several_nodes(
         estimates.sort(key=lambda e: e[0])
         for _, domain, est in estimates[:EXACT_PER_SCOPE]:
             plan = _gang_plan(view, slot, scope, domain, est, preferred=preferred)
+            tried.plans.append(plan)
             if best is None or plan.key < best.key:
                 best = plan
     return best
@@ -559,14 +604,19 @@ def search_slot(
     limit: Scope | None,
     preferred: Scope | None,
     tried: Tried,
+    nvlink: bool = False,
 ) -> Plan | None:
     """The best placement of one replica in the view, or None (reasons in `tried`).
 
     `limit` is the widest scope the replica may span (its group's required scope, narrowed by
-    the request's when the replica is the whole request); `preferred` the request's preference.
+    the request's when the replica is the whole request); `preferred` the request's preference;
+    `nvlink` says an NVLink scope is required besides `limit` (a request that must stay in one
+    NVLink domain with a group that must stay on one node): on one node, one NVLink island.
     """
-    island = limit is Scope.NVLINK
+    island = limit is Scope.NVLINK or slot.group.scope.required is Scope.NVLINK or nvlink
     best = _one_node(view, slot, island=island, preferred=preferred, tried=tried)
+    if best is not None:
+        tried.plans.append(best)
     if slot.group.pods > 1 and width(limit) >= WIDTH[Scope.NVLINK]:
         best = _several_nodes(view, slot, limit, preferred=preferred, best=best, tried=tried)
     return best

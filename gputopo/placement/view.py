@@ -36,7 +36,9 @@ class View:
     """Nodes a search may use (see the module docstring).
 
     `allowed`: only these nodes (selectors); None for all. `excluded`: never these (spread).
-    `within`: only nodes of this domain (a required scope of the whole request).
+    `within`: only nodes of this domain (a required scope of the whole request). `per_group`:
+    the nodes each group's own selectors allow (a bundle's groups may select differently, and
+    `allowed` is what all of them allow).
     """
 
     def __init__(
@@ -46,22 +48,41 @@ class View:
         allowed: frozenset[str] | None = None,
         excluded: frozenset[str] = frozenset(),
         within: tuple[Scope, str] | None = None,
+        per_group: Mapping[str, frozenset[str] | None] | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.allowed = allowed
         self.excluded = excluded
         self.within = within
+        self.per_group: Mapping[str, frozenset[str] | None] = per_group or {}
         self._classes: dict[tuple[Scope, str], Mapping[NodeClass, int]] = {}
 
-    def narrowed(self, scope: Scope, domain: str, *, excluded: Iterable[str] = ()) -> View:
-        """The same view inside one of its domains (and without some more nodes)."""
-        more = frozenset(excluded)
+    def for_group(
+        self,
+        group: str,
+        *,
+        snapshot: ClusterSnapshot | None = None,
+        within: tuple[Scope, str] | None = None,
+        excluded: Iterable[str] = (),
+    ) -> View:
+        """The view one group's replica may use, on `snapshot` (default: this one's), inside
+        `within` (default: this one's enclosing domain), without some more nodes."""
         return View(
-            self.snapshot,
-            allowed=self.allowed,
-            excluded=self.excluded | more,
-            within=(scope, domain),
+            snapshot or self.snapshot,
+            allowed=self.per_group.get(group, self.allowed),
+            excluded=self.excluded | frozenset(excluded),
+            within=within or self.within,
         )
+
+    def loosest(self) -> View:
+        """The view with the nodes any of its groups may use (for capacity checks of a bundle
+        whose groups select different nodes)."""
+        if not self.per_group:
+            return self
+        allowed: frozenset[str] | None = frozenset()
+        for nodes in self.per_group.values():
+            allowed = None if nodes is None or allowed is None else allowed | nodes
+        return View(self.snapshot, allowed=allowed, excluded=self.excluded, within=self.within)
 
     @property
     def restricted(self) -> bool:
