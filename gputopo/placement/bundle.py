@@ -263,13 +263,7 @@ def _starts(view: View, scope: Scope, domain: str, slot: Slot) -> list[Plan]:
     pool = Tried(alternatives=True)
     sub = view.for_group(slot.group.name, within=(scope, domain))
     search_slot(sub, slot, limit=slot.group.scope.required, preferred=None, tried=pool)
-    out: list[Plan] = []
-    for plan in sorted(pool.plans, key=lambda p: p.key):
-        if all(plan.taken() != other.taken() for other in out):
-            out.append(plan)
-        if len(out) == _STARTS:
-            break
-    return out
+    return pool.distinct_plans(_STARTS)
 
 
 def _checked(

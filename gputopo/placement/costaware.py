@@ -266,12 +266,7 @@ class _Decision:
             return self._failure(self.snapshot, self.units[0], tried)
         if len(self.units) == 1:
             return [(list(first.pods), first.key)]
-        starts: list[Plan] = []
-        for plan in sorted(tried.plans, key=lambda p: p.key):
-            if all(plan.taken() != other.taken() for other in starts):
-                starts.append(plan)
-            if len(starts) == ALTERNATIVES:
-                break
+        starts = tried.distinct_plans(ALTERNATIVES)
         found: list[tuple[list[PodPlacement], Key]] = []
         failure: PlacementResult | None = None
         for start in starts:

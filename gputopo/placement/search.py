@@ -119,6 +119,16 @@ class Tried:
         """Record one rejected domain; the message is `template.format(*args)`."""
         self.items.append((scope, domain, code, template, args))
 
+    def distinct_plans(self, count: int) -> list[Plan]:
+        """The best `count` plans built, best first, no two on the same GPUs."""
+        out: list[Plan] = []
+        for plan in sorted(self.plans, key=lambda p: p.key):
+            if all(plan.taken() != other.taken() for other in out):
+                out.append(plan)
+            if len(out) == count:
+                break
+        return out
+
     def rejections(self) -> list[Rejection]:
         """As `Rejection`s, in the order they were found."""
         return [Rejection(label(s, d), c, t.format(*a)) for s, d, c, t, a in self.items]
