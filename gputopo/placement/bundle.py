@@ -50,6 +50,8 @@ _SUBSETS_PER_SLOT = 24
 _REORDERS = 2
 # Inside a domain, how many of the first replica's best plans each start a pass.
 _STARTS = 3
+# Per scope, how many more domains are tried once one holds the bundle.
+_AFTER_FIRST = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,12 +487,17 @@ def search_bundle(
             else:
                 roomy.append((free, d))
         roomy.sort()
+        after_first = 0
         for _, d in roomy[:EXACT_PER_SCOPE]:
             plan = _in_domain(view, scope, d, slots, edges, preferred=preferred, tried=tried)
-            if plan is not None:
-                tried.plans.append(plan)
-            if plan is not None and (best is None or plan.key < best.key):
+            if plan is None:
+                continue
+            tried.plans.append(plan)
+            if best is None or plan.key < best.key:
                 best = plan
+            after_first += 1
+            if after_first > _AFTER_FIRST:
+                break  # domains come tightest first: later ones only break ties
     return best
 
 

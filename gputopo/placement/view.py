@@ -119,12 +119,22 @@ class View:
         if cached is not None:
             return cached
         counts: dict[NodeClass, int] = {}
+        members: Iterable[str]
         if scope is Scope.NODE:
-            members: Iterable[str] = (domain,)
+            members = (domain,)
         elif scope is Scope.CLUSTER:
             members = snap.nodes
         else:
             members = snap.domains(scope).get(domain, ())
+        if self.allowed is not None and len(self.allowed) < 64:
+            # A few allowed nodes (a partner's node, a small selector): look at those alone.
+            members = [
+                n
+                for n in sorted(self.allowed)
+                if n in snap.nodes
+                and (scope in (Scope.NODE, Scope.CLUSTER) or snap.domain_of(n, scope) == domain)
+                and (scope is not Scope.NODE or n == domain)
+            ]
         for name in members:
             if self.ok(name) and snap.node(name).placeable:
                 cls = snap.node_class(name)
