@@ -617,6 +617,12 @@ class ClusterSnapshot:
             self._index = _FreeIndex.build(self.structure, self._nodes)
         return self._index
 
+    def indexed(self) -> ClusterSnapshot:
+        """Build the indexes now rather than on first use; returns the snapshot."""
+        if self._index is None:
+            self._index = _FreeIndex.build(self.structure, self._nodes)
+        return self
+
     # --- nodes -------------------------------------------------------------------------------
 
     @property

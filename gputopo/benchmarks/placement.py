@@ -21,6 +21,8 @@ placement policy, side by side on the same states.
    `placement.exhaustive` can try every placement, each policy's predicted time over the optimum:
    mean and max over its feasible answers, and how many feasible instances it left unplaced or
    placed infeasibly.
+   `snapshot`: per cluster, deriving a snapshot after one node's GPUs change (`with_free`, its
+   indexes included) against rebuilding it with its indexes, median of 20 and one rebuild.
 4. Fragmentation: an empty cluster (`--fragmentation-gpus`) gets the same mixed burst of trace
    jobs, in the same order, from every policy: arrivals until three times the capacity was
    asked for, each job leaving after a random number of later arrivals (the same for every
@@ -181,7 +183,39 @@ class _Worse:
             )
 
 
-def _latency(args: argparse.Namespace, worse: _Worse, log: Any) -> list[dict[str, Any]]:
+def _snapshot_costs(layout: str, snapshot: Any, seed: int) -> dict[str, Any]:
+    """Deriving a snapshot after a reservation (`with_free`, indexes included) against building
+    one with its indexes from scratch, on the same cluster: the incremental path's gain."""
+    from gputopo.cluster import ClusterSnapshot
+    from gputopo.request import Scope
+
+    rng = random.Random(seed)
+    names = sorted(snapshot.nodes)
+    snapshot = snapshot.indexed()  # as after its first placement
+    derive = []
+    for _ in range(20):
+        name = names[rng.randrange(len(names))]
+        free = snapshot.node(name).free
+        changed = frozenset(sorted(free)[1:]) if free else frozenset({0})
+        started = time.perf_counter()
+        derived = snapshot.with_free({name: changed})
+        derived.free_domains(Scope.LEAF)  # the index is derived eagerly; touch it anyway
+        derive.append((time.perf_counter() - started) * 1e3)
+    started = time.perf_counter()
+    ClusterSnapshot(snapshot.nodes.values()).indexed()
+    rebuild = (time.perf_counter() - started) * 1e3
+    return {
+        "layout": layout,
+        "gpus": snapshot.total_gpus,
+        "derive_ms_p50": round(statistics.median(derive), 3),
+        "rebuild_ms": round(rebuild, 1),
+        "rebuild_over_derive": round(rebuild / statistics.median(derive), 1),
+    }
+
+
+def _latency(
+    args: argparse.Namespace, worse: _Worse, log: Any, snapshots: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     from gputopo.placement import POLICIES, place
     from gputopo.placement.scenarios import Occupancy, build_nodes, empty_snapshot
 
@@ -197,6 +231,7 @@ def _latency(args: argparse.Namespace, worse: _Worse, log: Any) -> list[dict[str
             occupancy = Occupancy(empty_snapshot(nodes), seed=args.seed + i)
             snapshot = occupancy.fill(0.5)
             per_pod = max(t.gpu_count for t in nodes)
+            snapshots.append(_snapshot_costs(layout, snapshot, args.seed + i))
             print(
                 f"{layout} {snapshot.total_gpus} GPUs on {len(nodes)} nodes, "
                 f"{100 - 100 * snapshot.free_gpus / snapshot.total_gpus:.0f}% busy "
@@ -475,7 +510,8 @@ def run(args: argparse.Namespace) -> int:
     log = sys.stderr if args.json else sys.stdout
     started = time.perf_counter()
     worse = _Worse()
-    latency = _latency(args, worse, log)
+    snapshots: list[dict[str, Any]] = []
+    latency = _latency(args, worse, log, snapshots)
     quality = _quality(args, worse, log) if args.quality_instances > 0 else {"policies": {}}
     fragmentation = _fragmentation(args, log) if args.fragmentation_gpus > 0 else []
     speedup = []
@@ -501,6 +537,7 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "latency": latency,
         "kueue_over_gputopo_p50": speedup,
+        "snapshot": snapshots,
         "worse_than_kueue": {
             "count": worse.worse,
             "compared": worse.compared,

@@ -198,7 +198,7 @@ class Occupancy:
 
     def fill(self, fraction: float) -> ClusterSnapshot:
         """Start jobs of the mix until `fraction` of the GPUs are busy (jobs that do not fit
-        are skipped, as a queue would hold them)."""
+        are skipped, as a queue would hold them); the snapshot comes back indexed."""
         total = self.snapshot.total_gpus
         free = {n: set(s.free) for n, s in self.snapshot.nodes.items()}
         busy = total - sum(len(f) for f in free.values())
@@ -213,7 +213,11 @@ class Occupancy:
                 misses += 1
                 continue
             busy += job.gpus
-        self.snapshot = self.snapshot.with_free({n: frozenset(g) for n, g in free.items()})
+        # Indexed now, as a live aggregator's snapshot is after its first decision, so that
+        # churned snapshots derive their indexes instead of building them.
+        self.snapshot = self.snapshot.with_free(
+            {n: frozenset(g) for n, g in free.items()}
+        ).indexed()
         return self.snapshot
 
     def churn(self) -> ClusterSnapshot:
