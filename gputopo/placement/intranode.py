@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from gputopo import cost
-from gputopo.cluster import NodeShape, node_shape
 from gputopo.links import LinkKind
 from gputopo.placement.links import best_ring_of_matrix
+from gputopo.shape import NodeShape, node_shape
 from gputopo.topology import NodeTopology
 
 __all__ = [
