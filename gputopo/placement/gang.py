@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gputopo import cost
-from gputopo.cluster import ClusterSnapshot, NodeClass
+from gputopo.cluster import NodeClass
 from gputopo.links import LinkKind
 from gputopo.placement.intranode import NodeChoice, choose
 from gputopo.placement.links import holds, span_of
@@ -262,12 +262,34 @@ def _domains(view: View, scope: Scope) -> Iterable[str]:
     return (d for d in view.snapshot.free_domains(scope) if view.contains(scope, d))
 
 
-def _fits_limit(snapshot: ClusterSnapshot, scope: Scope, domain: str, limit: Scope) -> bool:
-    """Whether a candidate domain lies inside one domain of the required scope (a multi-node
-    NVLink domain may straddle leaves; tier domains nest by construction)."""
-    if scope is limit or scope is not Scope.NVLINK or limit in (Scope.NODE, Scope.NVLINK):
-        return True
-    return holds(snapshot, snapshot.domains(scope).get(domain, ()), limit)
+def _candidates(view: View, scope: Scope, limit: Scope | None) -> Iterable[tuple[str, View]]:
+    """The domains of a scope to try, each with the view of the nodes a replica may use there.
+
+    A multi-node NVLink domain that straddles domains of the required scope (a rack whose trays
+    hang off two leaves) is tried once per part: its nodes in one leaf at a time.
+    """
+    snapshot = view.snapshot
+    for domain in _domains(view, scope):
+        if (
+            limit is None
+            or scope is not Scope.NVLINK
+            or limit in (Scope.NODE, Scope.NVLINK)
+            or holds(snapshot, snapshot.domains(scope).get(domain, ()), limit)
+        ):
+            yield domain, view
+            continue
+        parts: dict[str, set[str]] = {}
+        for name in snapshot.domains(scope).get(domain, ()):
+            outer = snapshot.domain_of(name, limit)
+            if outer and (view.allowed is None or name in view.allowed):
+                parts.setdefault(outer, set()).add(name)
+        for _, names in sorted(parts.items()):
+            yield (
+                domain,
+                View(
+                    snapshot, allowed=frozenset(names), excluded=view.excluded, within=view.within
+                ),
+            )
 
 
 def several_nodes(
@@ -296,15 +318,13 @@ def several_nodes(
                 if nvlink:
                     continue
                 break
-        estimates: list[tuple[tuple[object, ...], str, _Estimate]] = []
-        for domain in _domains(view, scope):
-            if limit is not None and not _fits_limit(view.snapshot, scope, domain, limit):
-                continue
-            free = view.free(scope, domain)
+        estimates: list[tuple[tuple[object, ...], str, _Estimate, View]] = []
+        for domain, part in _candidates(view, scope, limit):
+            free = part.free(scope, domain)
             if free < need:
                 tried.add(scope, domain, "insufficient_gpus", "{} free GPUs, {} needed", free, need)
                 continue
-            est = _estimate(view.classes(scope, domain), group, nvlink, memo)
+            est = _estimate(part.classes(scope, domain), group, nvlink, memo)
             if est is None:
                 tried.add(
                     scope,
@@ -322,10 +342,10 @@ def several_nodes(
                 view.snapshot.domain_free(scope, domain) - need,
                 domain,
             )
-            estimates.append((rough, domain, est))
+            estimates.append((rough, domain, est, part))
         estimates.sort(key=lambda e: e[0])
-        for _, domain, est in estimates[:EXACT_PER_SCOPE]:
-            plan = _gang_plan(view, slot, scope, domain, est, preferred=preferred)
+        for _, domain, est, part in estimates[:EXACT_PER_SCOPE]:
+            plan = _gang_plan(part, slot, scope, domain, est, preferred=preferred)
             tried.plans.append(plan)
             if best is None or plan.key < best.key:
                 best = plan

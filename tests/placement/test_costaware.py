@@ -339,3 +339,20 @@ def test_a_refusal_explains_every_domain_it_tried() -> None:
     assert codes["leaf/s/la"] == "insufficient_gpus"
     assert codes["leaf/s/lb"] == "fragmented"  # 28 free, but no node has 8
     assert "leaf/s/lb" in result.reason or "fragmented" in result.reason
+
+
+def test_a_rack_straddling_two_leaves_still_gives_nvlink_within_the_required_leaf() -> None:
+    # Trays of one NVL72 rack hang off two leaves. A gang that must stay in one leaf cannot use
+    # the whole rack, but the rack's trays inside one leaf still talk over NVLink.
+    trays = [
+        nvswitch_node(f"t{i}", gpus=4, nics=4, generation=5, tiers=(leaf, "s"), domain="rack")
+        for i, leaf in enumerate(["la", "lb", "lb"])
+    ]
+    snap = snapshot([nvswitch_node("h", tiers=("la", "s")), *trays])
+    result = decide(
+        snap,
+        {"scope": {"required": "leaf"}, "groups": [{"name": "g", "pods": 2, "gpus_per_pod": 4}]},
+    )
+    assert sorted(p.node for p in result.pods) == ["t1", "t2"]
+    assert result.prediction is not None
+    assert result.prediction.groups[0].bottleneck == "NVLink"
