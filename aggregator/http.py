@@ -47,8 +47,10 @@ class HttpEndpoints:
         ready: Callable[[], bool],
         role: Callable[[], str],
         desired_labels: Callable[[str], dict[str, str] | None] | None = None,
+        extra_routes: Callable[[web.Application], None] | None = None,
     ) -> None:
         self.state = state
+        self._extra_routes = extra_routes
         self.registry = registry
         self.clock = clock
         self._ready = ready
@@ -66,6 +68,8 @@ class HttpEndpoints:
         app.router.add_get("/api/v1/topology", self._topology)
         app.router.add_get("/api/v1/nodes/{name}", self._node)
         app.router.add_get("/api/v1/nodes/{name}/sources", self._sources)
+        if self._extra_routes is not None:  # the placement mirror and extender
+            self._extra_routes(app)
         return app
 
     async def start(self, host: str, port: int) -> int:

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from aggregator.fabric import FabricSources
 from aggregator.http import HttpEndpoints
+from aggregator.http_placement import add_placement_routes
 from aggregator.ingest import ReporterService
 from aggregator.kube import KubeClient, KubeError
 from aggregator.labels import desired_labels
@@ -163,6 +164,7 @@ class Aggregator:
             ready=lambda: self._grpc is not None,
             role=lambda: "leader" if self.leading else "follower",
             desired_labels=self._desired_labels,
+            extra_routes=lambda app: add_placement_routes(app, self.placement),
         )
         self._grpc: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 import grpc
 
@@ -33,7 +34,12 @@ from gputopo.v1 import placement_pb2 as ppb
 from gputopo.v1 import placement_pb2_grpc as pgrpc
 from gputopo.v1 import topology_pb2 as tpb
 
-__all__ = ["DEFAULT_RESERVATION_TTL_S", "PlacementService", "topology_to_proto"]
+__all__ = [
+    "DEFAULT_RESERVATION_TTL_S",
+    "PlacementError",
+    "PlacementService",
+    "topology_to_proto",
+]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,11 @@ def topology_to_proto(
 ) -> tpb.ClusterTopology:
     """The cluster as a ClusterTopology message."""
     held = state.held_gpus()
+    pending: dict[str, set[int]] = {}
+    for r in state.reservations():
+        if not r.committed:
+            for held_on, gpus in r.gpus.items():
+                pending.setdefault(held_on, set()).update(gpus)
     wanted = set(nodes) if nodes else None
     msg = tpb.ClusterTopology(generation=snapshot.generation)
     for name, node in snapshot.nodes.items():
@@ -63,7 +74,7 @@ def topology_to_proto(
                 node,
                 generation=rec.generation if rec else 0,
                 last_report=rec.last_report if rec else None,
-                reserved=_reserved_only(state, name, held.get(name, frozenset())),
+                reserved=sorted(pending.get(name, set()) & held.get(name, frozenset())),
                 include_links=include_links,
             )
         )
@@ -95,15 +106,6 @@ def _parent(snapshot: ClusterSnapshot, node: str, scope: Scope) -> str:
     return (snapshot.domain_of(node, wider) or "") if wider else ""
 
 
-def _reserved_only(state: ClusterState, node: str, held: frozenset[int]) -> list[int]:
-    """GPUs held by uncommitted reservations (committed ones count as allocated)."""
-    out: set[int] = set()
-    for r in state.reservations():
-        if not r.committed:
-            out.update(r.gpus.get(node, frozenset()))
-    return sorted(out & held)
-
-
 def _reservation_to_proto(r: Reservation) -> ppb.Reservation:
     msg = ppb.Reservation(id=r.id, committed=r.committed, owner=r.owner)
     if r.expires_at is not None:
@@ -111,8 +113,40 @@ def _reservation_to_proto(r: Reservation) -> ppb.Reservation:
     return msg
 
 
+class PlacementError(Exception):
+    """A call that cannot be served: `status` is the gRPC status name, `message` says why (with
+    the field path for a bad request). The HTTP mirror maps the same errors to 400 and 404."""
+
+    def __init__(self, status: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+
+
+async def _answer(
+    work: Callable[[_Req], _Resp],
+    request: _Req,
+    context: grpc.aio.ServicerContext[_Req, _Resp],
+) -> _Resp:
+    """Run one call's work; a `PlacementError` ends the call with its status and message."""
+    try:
+        return work(request)
+    except PlacementError as err:
+        await context.abort(err.status, err.message)
+
+
 class PlacementService(pgrpc.PlacementServicer):
-    """Serves placement decisions against the aggregator's cluster state."""
+    """Serves placement decisions against the aggregator's cluster state.
+
+    The transport-free methods (`place`, `commit`, `release`, `explain`, `get_topology`) do the
+    work and raise `PlacementError`; the gRPC methods and the HTTP mirror
+    (`aggregator.http_placement`) only translate. None of them awaits, so each runs from snapshot
+    to reservation in one turn of the event loop.
+    """
 
     def __init__(
         self,
@@ -127,13 +161,25 @@ class PlacementService(pgrpc.PlacementServicer):
         self._ttl = default_ttl_s
         self._policy = default_policy
 
+    @property
+    def state(self) -> ClusterState:
+        """The cluster state this service places against."""
+        return self._state
+
     def _decide(
         self, request: ppb.PlacementRequest
     ) -> tuple[PlacementResult, float, ClusterSnapshot]:
-        req = request_from_proto(request)
-        snapshot = self._state.snapshot()
-        policy = req.policy or self._policy
-        result, seconds = place(snapshot, req, policy=policy)
+        try:
+            req = request_from_proto(request)
+            snapshot = self._state.snapshot()
+            policy = req.policy or self._policy
+            result, seconds = place(snapshot, req, policy=policy)
+        except (CodecError, RequestError) as err:
+            raise PlacementError(grpc.StatusCode.INVALID_ARGUMENT, f"request.{err}") from None
+        except UnknownPolicyError as err:
+            raise PlacementError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"request.policy: {err}"
+            ) from None
         return result, seconds, snapshot
 
     def _response(
@@ -142,6 +188,8 @@ class PlacementService(pgrpc.PlacementServicer):
         uuids: dict[str, tuple[str, ...]] = {}
         nics: dict[tuple[str, int], str] = {}
         for node in result.allocation():
+            if node not in snapshot.nodes:
+                continue
             topo = snapshot.node(node).topology
             uuids[node] = tuple(g.uuid for g in topo.gpus)
             for g in range(topo.gpu_count):
@@ -153,29 +201,20 @@ class PlacementService(pgrpc.PlacementServicer):
         resp.decision_seconds = seconds
         return resp
 
-    async def Place(  # noqa: N802 - gRPC method name
-        self,
-        request: ppb.PlaceRequest,
-        context: grpc.aio.ServicerContext[ppb.PlaceRequest, ppb.PlaceResponse],
-    ) -> ppb.PlaceResponse:
+    # --- the work, free of any transport ----------------------------------------------------
+
+    def place(self, request: ppb.PlaceRequest) -> ppb.PlaceResponse:
         """Place a request; unless dry_run, hold its GPUs for the reservation TTL."""
-        try:
-            result, seconds, snapshot = self._decide(request.request)
-        except (CodecError, RequestError) as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request.{err}")
-        except UnknownPolicyError as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request.policy: {err}")
-        resp = self._response(result, snapshot, seconds)
-        if result.placed and not request.dry_run:
-            ttl = (
-                request.reservation_ttl.ToNanoseconds() / 1e9
-                if request.HasField("reservation_ttl")
-                else self._ttl
-            )
+        ttl = self._ttl
+        if request.HasField("reservation_ttl"):
+            ttl = request.reservation_ttl.ToNanoseconds() / 1e9
             if ttl <= 0:
-                await context.abort(
+                raise PlacementError(
                     grpc.StatusCode.INVALID_ARGUMENT, "reservation_ttl: must be positive"
                 )
+        result, seconds, snapshot = self._decide(request.request)
+        resp = self._response(result, snapshot, seconds)
+        if result.placed and not request.dry_run:
             reservation = self._state.reserve(result, ttl_s=ttl, job=request.request.job)
             resp.reservation.CopyFrom(_reservation_to_proto(reservation))
         log.info(
@@ -188,77 +227,56 @@ class PlacementService(pgrpc.PlacementServicer):
         )
         return resp
 
-    async def Commit(  # noqa: N802
-        self,
-        request: ppb.CommitRequest,
-        context: grpc.aio.ServicerContext[ppb.CommitRequest, ppb.CommitResponse],
-    ) -> ppb.CommitResponse:
+    def commit(self, request: ppb.CommitRequest) -> ppb.CommitResponse:
         """Keep a reservation until it is released."""
         try:
             res = self._state.commit(request.reservation_id, owner=request.owner)
         except ReservationError:
-            await context.abort(
+            raise PlacementError(
                 grpc.StatusCode.NOT_FOUND,
                 f"reservation_id: no live reservation {request.reservation_id!r}"
                 " (unknown, released or expired)",
-            )
+            ) from None
         return ppb.CommitResponse(reservation=_reservation_to_proto(res))
 
-    async def Release(  # noqa: N802
-        self,
-        request: ppb.ReleaseRequest,
-        context: grpc.aio.ServicerContext[ppb.ReleaseRequest, ppb.ReleaseResponse],
-    ) -> ppb.ReleaseResponse:
+    def release(self, request: ppb.ReleaseRequest) -> ppb.ReleaseResponse:
         """Free a reservation's GPUs."""
         try:
             res = self._state.release(request.reservation_id)
         except ReservationError:
-            await context.abort(
+            raise PlacementError(
                 grpc.StatusCode.NOT_FOUND,
                 f"reservation_id: no live reservation {request.reservation_id!r}",
-            )
+            ) from None
         return ppb.ReleaseResponse(released=True, gpus_freed=res.gpu_count)
 
-    async def Explain(  # noqa: N802
-        self,
-        request: ppb.ExplainRequest,
-        context: grpc.aio.ServicerContext[ppb.ExplainRequest, ppb.PlaceResponse],
-    ) -> ppb.PlaceResponse:
+    def explain(self, request: ppb.ExplainRequest) -> ppb.PlaceResponse:
         """A dry run with its reasons, or the figures of an existing reservation."""
-        if request.WhichOneof("subject") == "reservation_id":
+        subject = request.WhichOneof("subject")
+        if subject == "reservation_id":
             res = self._state.reservation(request.reservation_id)
             if res is None or res.result is None:
-                await context.abort(
+                raise PlacementError(
                     grpc.StatusCode.NOT_FOUND,
                     f"reservation_id: no live reservation {request.reservation_id!r}",
                 )
-            snapshot = self._state.snapshot()
-            resp = self._response(res.result, snapshot, 0.0)
+            resp = self._response(res.result, self._state.snapshot(), 0.0)
             resp.reservation.CopyFrom(_reservation_to_proto(res))
             return resp
-        if request.WhichOneof("subject") != "request":
-            await context.abort(
+        if subject != "request":
+            raise PlacementError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "subject: a request or a reservation_id is required",
             )
-        try:
-            result, seconds, snapshot = self._decide(request.request)
-        except (CodecError, RequestError) as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request.{err}")
-        except UnknownPolicyError as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request.policy: {err}")
+        result, seconds, snapshot = self._decide(request.request)
         return self._response(result, snapshot, seconds)
 
-    async def GetTopology(  # noqa: N802
-        self,
-        request: ppb.GetTopologyRequest,
-        context: grpc.aio.ServicerContext[ppb.GetTopologyRequest, tpb.ClusterTopology],
-    ) -> tpb.ClusterTopology:
+    def get_topology(self, request: ppb.GetTopologyRequest) -> tpb.ClusterTopology:
         """The cluster as the aggregator sees it now."""
         snapshot = self._state.snapshot()
         unknown = sorted(set(request.nodes) - set(snapshot.nodes))
         if unknown:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"nodes: unknown node {unknown[0]!r}")
+            raise PlacementError(grpc.StatusCode.NOT_FOUND, f"nodes: unknown node {unknown[0]!r}")
         return topology_to_proto(
             snapshot,
             self._state,
@@ -266,6 +284,48 @@ class PlacementService(pgrpc.PlacementServicer):
             include_links=request.include_links,
             as_of=self._clock(),
         )
+
+    # --- gRPC -------------------------------------------------------------------------------
+
+    async def Place(  # noqa: N802 - gRPC method name
+        self,
+        request: ppb.PlaceRequest,
+        context: grpc.aio.ServicerContext[ppb.PlaceRequest, ppb.PlaceResponse],
+    ) -> ppb.PlaceResponse:
+        """See `place`."""
+        return await _answer(self.place, request, context)
+
+    async def Commit(  # noqa: N802
+        self,
+        request: ppb.CommitRequest,
+        context: grpc.aio.ServicerContext[ppb.CommitRequest, ppb.CommitResponse],
+    ) -> ppb.CommitResponse:
+        """See `commit`."""
+        return await _answer(self.commit, request, context)
+
+    async def Release(  # noqa: N802
+        self,
+        request: ppb.ReleaseRequest,
+        context: grpc.aio.ServicerContext[ppb.ReleaseRequest, ppb.ReleaseResponse],
+    ) -> ppb.ReleaseResponse:
+        """See `release`."""
+        return await _answer(self.release, request, context)
+
+    async def Explain(  # noqa: N802
+        self,
+        request: ppb.ExplainRequest,
+        context: grpc.aio.ServicerContext[ppb.ExplainRequest, ppb.PlaceResponse],
+    ) -> ppb.PlaceResponse:
+        """See `explain`."""
+        return await _answer(self.explain, request, context)
+
+    async def GetTopology(  # noqa: N802
+        self,
+        request: ppb.GetTopologyRequest,
+        context: grpc.aio.ServicerContext[ppb.GetTopologyRequest, tpb.ClusterTopology],
+    ) -> tpb.ClusterTopology:
+        """See `get_topology`."""
+        return await _answer(self.get_topology, request, context)
 
     async def WatchTopology(  # noqa: N802
         self,

@@ -364,7 +364,9 @@ class ClusterState:
                     else ("no GPUs" if not rec.topology.gpu_count else ""),
                 )
             )
-        self._snapshot = ClusterSnapshot(states, generation=self.generation)
+        self._snapshot = ClusterSnapshot(
+            states, generation=self.generation, previous=self._snapshot, now=self._clock()
+        )
         self._snapshot_key = key
         return self._snapshot
 

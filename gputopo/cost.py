@@ -102,17 +102,26 @@ def alltoall_seconds(
     inter_gbps_per_gpu: float,
     intra_latency_us: float = 0.0,
     inter_latency_us: float = 0.0,
+    shared: bool = False,
 ) -> float:
     """Time of an all-to-all where every rank holds `size_bytes` to scatter over all ranks.
 
     Inside a node the share for local peers goes over the intra-node links; the share for remote
     peers leaves through the NIC. Both run at once, so the slower of the two bounds the step.
+    With `shared` (the nodes are one multi-node NVLink domain) local and remote traffic leave
+    the GPU through the same NVLink ports, so they add up on the slower of the two rates.
     """
     if ranks <= 1 or size_bytes <= 0:
         return 0.0
     g = max(1, min(gpus_per_node, ranks))
     local = (g - 1) / ranks * size_bytes
     remote = (ranks - g) / ranks * size_bytes
+    if shared:
+        rate = min(intra_gbps, inter_gbps_per_gpu) if remote else intra_gbps
+        if rate <= 0:
+            return math.inf
+        hops = intra_latency_us * (g - 1) + inter_latency_us * (ranks - g)
+        return (local + remote) / (rate * _GB) + hops * _US
     t_local = local / (intra_gbps * _GB) if local else 0.0
     if local and intra_gbps <= 0:
         return math.inf

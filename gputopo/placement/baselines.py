@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 
 from gputopo.cluster import ClusterSnapshot
 from gputopo.links import LinkKind
+from gputopo.placement.constraints import violations
 from gputopo.placement.fill import FillFailure, Strategy, fill
 from gputopo.placement.predict import predict
 from gputopo.placement.result import PlacementResult, Rejection
@@ -134,6 +135,10 @@ class _CountOnlyPolicy:
             pods = fill(snapshot, request, request.groups, nodes, self.strategy)
             if isinstance(pods, FillFailure):
                 rejections.append(Rejection(domain, pods.code, pods.message))
+                continue
+            broken = violations(snapshot, request, pods)
+            if broken:
+                rejections.append(Rejection(domain, "unsupported", broken[0]))
                 continue
             return PlacementResult(True, self.name, tuple(pods), predict(snapshot, request, pods))
         label = scope.name.lower() if scope else "cluster"

@@ -1,59 +1,73 @@
 """The `gputopo` policy: place a communication graph where it will communicate fastest.
 
-Objective, in order (DESIGN.md): satisfy the required constraints; then the preferred scope; then
-minimise the predicted communication time (bucketed, so near-equal choices tie); then keep large
-free domains whole (best fit); then the narrower scope; then names, for determinism.
+Objective (`gputopo.placement.objective`), in order: satisfy every required constraint and
+bandwidth need; then the preferred scopes; then the least predicted communication time
+(bucketed, so near-equal choices tie); then preferred spreads; then the narrowest span; then the
+least damage to large free domains (whole spines, leaves, NVLink racks and nodes kept free, then
+best fit); then names, for determinism.
 
 Phases:
-1. Split the request into connected components of its edge graph: groups joined by an edge must
-   be placed together, because the edge's bandwidth depends on where both ends land.
-2. For each component (largest first), list candidate domains at every scope the request allows:
-   each node, each multi-node NVLink domain, each leaf, spine, core and zone, and the cluster.
-3. In each candidate with enough free GPUs, fill the component (best nodes, best GPUs inside a
-   node), predict its communication, check its edges, and score it; keep the best. Every
-   rejected candidate is recorded with a reason.
-4. Commit the component to a working copy of the snapshot and go on with the next.
+1. Split the request into *units*, each decided at once (`units`): groups joined by edges form a
+   component; a component whose edges all pair replicas one to one is cut into bundles (replica i
+   of each group), any other component with edges is one bundle; a group without edges gives one
+   unit per replica. Larger components go first.
+2. When the whole request must stay in one domain and has several units, try the domains of that
+   scope with room, tightest first (at most `MAX_ENCLOSING`), each as the enclosing domain of
+   every unit; otherwise the cluster encloses them.
+3. Place the units one after another on a working snapshot (`ClusterSnapshot.with_free`, cheap):
+   a replica by `search.search_slot`, a bundle by `bundle.search_bundle`. Required spreads remove
+   the failure domains earlier replicas used; preferred spreads search with and without them and
+   let the key decide.
+4. Check the answer against every hard rule (`constraints.violations`) and predict it.
+
+Each search answers from indexes over classes of nodes and over domains (see `search`), so a
+decision costs in the number of candidate domains, not GPUs. A unit that cannot be placed ends
+the decision with the reason and every domain turned down.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gputopo import cost
-from gputopo.cluster import ClusterSnapshot, nvlink_islands
-from gputopo.placement.fill import FillFailure, Strategy, fill, matches
-from gputopo.placement.intranode import choose_gpus
-from gputopo.placement.links import span_of
-from gputopo.placement.predict import predict, predict_replica, replicas_of
-from gputopo.placement.result import PlacementResult, PodPlacement, Prediction, Rejection
-from gputopo.request import Group, PlacementRequest, Scope
-
-__all__ = ["CostAwarePolicy", "components"]
-
-_CANDIDATE_SCOPES = (
-    Scope.NODE,
-    Scope.NVLINK,
-    Scope.LEAF,
-    Scope.SPINE,
-    Scope.CORE,
-    Scope.ZONE,
-    Scope.CLUSTER,
+from gputopo.cluster import ClusterSnapshot
+from gputopo.placement.bundle import (
+    BundleEdge,
+    fastest_pair_gbps,
+    search_bundle,
+    single_node_seconds,
 )
-# How wide each scope is when comparing against a required scope. Multi-node NVLink domains
-# (NVL72 racks) sit between a node and a leaf.
-_WIDTH = {
-    Scope.NODE: 0,
-    Scope.NVLINK: 1,
-    Scope.LEAF: 2,
-    Scope.SPINE: 3,
-    Scope.CORE: 4,
-    Scope.ZONE: 5,
-    Scope.CLUSTER: 6,
-}
+from gputopo.placement.constraints import refusal
+from gputopo.placement.fill import matches
+from gputopo.placement.objective import WIDTH, Key
+from gputopo.placement.predict import edge_pairs, predict
+from gputopo.placement.result import PlacementResult, PodPlacement, Prediction, Rejection
+from gputopo.placement.search import Plan, Slot, Tried, optimistic_seconds, search_slot
+from gputopo.placement.view import View
+from gputopo.request import Group, Pairing, PlacementRequest, Scope
+
+__all__ = [
+    "ALTERNATIVES",
+    "MAX_ENCLOSING",
+    "MAX_REJECTIONS",
+    "MAX_RETRIES",
+    "CostAwarePolicy",
+    "Unit",
+    "components",
+    "orders",
+    "units",
+]
+
 # At most this many rejections are reported per decision; the rest are counted.
-_MAX_REJECTIONS = 50
+MAX_REJECTIONS = 50
+# Enclosing domains tried for a multi-unit request with a required scope, tightest fit first.
+MAX_ENCLOSING = 16
+# When a unit cannot be placed after others took the room it needed, the decision is retried
+# with that unit's group first, at most this many times.
+MAX_RETRIES = 3
+# How many of the first unit's best plans each start a greedy pass over the other units.
+ALTERNATIVES = 3
 
 
 def components(request: PlacementRequest) -> list[tuple[Group, ...]]:
@@ -77,58 +91,348 @@ def components(request: PlacementRequest) -> list[tuple[Group, ...]]:
     )
 
 
-def _node_order(
-    snapshot: ClusterSnapshot,
-    nodes: Sequence[str],
-    free: Mapping[str, frozenset[int]],
-    per_pod: int,
-) -> list[str]:
-    """Nodes that hold the most pods first (fewest nodes per replica), then the tightest fit."""
-
-    def key(n: str) -> tuple[int, int, str]:
-        pods = len(free[n]) // per_pod if per_pod else 0
-        return (-pods, len(free[n]) - pods * per_pod, n)
-
-    return sorted(nodes, key=key)
-
-
-def _gpu_choice(
-    snapshot: ClusterSnapshot, node: str, free: frozenset[int], count: int, leaves: bool
-) -> tuple[int, ...] | None:
-    return choose_gpus(snapshot.node(node).topology, free, count, leaves_node=leaves)
-
-
-def _replica_score(
-    snapshot: ClusterSnapshot, group: Group, pods: Sequence[PodPlacement]
-) -> tuple[object, ...]:
-    replica = next(iter(replicas_of(pods).values()))
-    _, seconds, _, _ = predict_replica(snapshot, group, replica)
-    nodes = sorted({p.node for p in pods})
-    leftover = sum(snapshot.node(n).free_count for n in nodes) - len(replica)
-    return (cost.time_bucket(seconds), leftover, nodes)
-
-
-STRATEGY = Strategy(node_order=_node_order, gpu_choice=_gpu_choice, replica_score=_replica_score)
-
-
 @dataclass(frozen=True, slots=True)
-class _Candidate:
-    scope: Scope
-    domain: str
-    nodes: tuple[str, ...]
-    gpus: frozenset[int] | None = None  # an NVLink island: only these GPUs of its one node
+class Unit:
+    """Slots decided together, and the edges between them."""
+
+    slots: tuple[Slot, ...]
+    edges: tuple[BundleEdge, ...] = ()
 
     @property
-    def label(self) -> str:
-        return f"{self.scope.name.lower()}/{self.domain}"
+    def need(self) -> int:
+        """GPUs of the whole unit."""
+        return sum(s.need for s in self.slots)
 
 
-@dataclass(frozen=True, slots=True)
-class _Trial:
-    candidate: _Candidate
-    pods: tuple[PodPlacement, ...]
-    prediction: Prediction
-    score: tuple[object, ...]
+def units(request: PlacementRequest) -> list[Unit]:
+    """The units of a request, in the order they are placed (see the module docstring)."""
+    out: list[Unit] = []
+    for comp in components(request):
+        names = {g.name for g in comp}
+        edges = [e for e in request.edges if e.source in names]
+        ordered = sorted(comp, key=lambda g: (-g.gpus_per_replica, g.name))
+        if not edges:
+            out.extend(Unit((Slot(g, r),)) for g in ordered for r in range(g.replicas))
+            continue
+        if all(e.pairing is Pairing.ONE_TO_ONE for e in edges):
+            for r in range(ordered[0].replicas):
+                slots = tuple(Slot(g, r) for g in ordered)
+                index = {s.group.name: i for i, s in enumerate(slots)}
+                out.append(
+                    Unit(
+                        slots,
+                        tuple(
+                            BundleEdge(
+                                index[e.source], index[e.target], e.required_gbps, e.transfer_bytes
+                            )
+                            for e in edges
+                        ),
+                    )
+                )
+            continue
+        slots = tuple(Slot(g, r) for g in ordered for r in range(g.replicas))
+        at = {(s.group.name, s.replica): i for i, s in enumerate(slots)}
+        links = []
+        for e in edges:
+            src, dst = request.group(e.source), request.group(e.target)
+            for i, j in edge_pairs(e, src.replicas, dst.replicas):
+                links.append(
+                    BundleEdge(
+                        at[(e.source, i)],
+                        at[(e.target, j)],
+                        e.required_gbps,
+                        e.transfer_bytes,
+                    )
+                )
+        out.append(Unit(slots, tuple(links)))
+    return out
+
+
+def orders(request: PlacementRequest) -> list[list[Unit]]:
+    """The unit orders a decision tries, without repeats: largest component first (`units`);
+    largest unit first; and groups by replica size then name, replicas in order (the order
+    Kueue admits PodSets in, so that the engine sees every state Kueue would)."""
+    first = units(request)
+    rank = {g.name: (-g.gpus_per_replica, g.name) for g in request.groups}
+    candidates = [
+        first,
+        sorted(first, key=lambda u: -u.need),
+        sorted(first, key=lambda u: min((rank[s.group.name], s.replica) for s in u.slots)),
+    ]
+    out: list[list[Unit]] = []
+    for order in candidates:
+        if order not in out:
+            out.append(order)
+    return out
+
+
+def _narrower(a: Scope | None, b: Scope | None) -> Scope | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a if WIDTH[a] <= WIDTH[b] else b
+
+
+class _Decision:
+    """One placement decision: the request, the snapshot, and what is placed so far."""
+
+    def __init__(
+        self,
+        snapshot: ClusterSnapshot,
+        request: PlacementRequest,
+        order: Sequence[Unit],
+        *,
+        explore: bool = False,
+    ) -> None:
+        self.snapshot = snapshot
+        self.request = request
+        self.units = list(order)
+        self.explore = explore
+        self.failed: Unit | None = None  # the unit that could not be placed, if any
+        self._allowed: dict[tuple[tuple[tuple[str, str], ...], ...], frozenset[str] | None] = {}
+
+    def allowed(self, *groups: Group) -> frozenset[str] | None:
+        """Nodes the request's selector and every given group's accept; None when nothing is
+        selected. Selectors of different groups may conflict: then no node is allowed."""
+        selectors = [self.request.node_selector, *(g.node_selector for g in groups)]
+        k = tuple(tuple(sorted(sel.items())) for sel in selectors if sel)
+        if k not in self._allowed:
+            self._allowed[k] = (
+                frozenset(n for n, st in self.snapshot.nodes.items() if matches(st, *selectors))
+                if k
+                else None
+            )
+        return self._allowed[k]
+
+    def run(self) -> PlacementResult | list[tuple[list[PodPlacement], Key]]:
+        """Every complete placement this order yields (see `place_all`), or why none."""
+        required = self.request.scope.required
+        if required is None or required is Scope.CLUSTER or len(self.units) == 1:
+            return self.place_all(within=None)
+        need = self.request.total_gpus
+        enclosing = self._enclosing(required, need)
+        found: list[tuple[list[PodPlacement], Key]] = []
+        failures: list[Rejection] = []
+        for scope, domain in enclosing[:MAX_ENCLOSING]:
+            outcome = self.place_all(within=(scope, domain))
+            if isinstance(outcome, PlacementResult):
+                failures.append(Rejection(f"{scope.name.lower()}/{domain}", "unit", outcome.reason))
+                continue
+            found.extend(outcome)
+        if found:
+            return found
+        scope_name = required.name.lower()
+        return PlacementResult(
+            False,
+            CostAwarePolicy.name,
+            reason=f"no {scope_name} domain can hold the whole request ({need} GPUs)"
+            if enclosing
+            else f"no {scope_name} domain has {need} free GPUs",
+            rejections=tuple(failures[:MAX_REJECTIONS]),
+        )
+
+    def _enclosing(self, scope: Scope, need: int) -> list[tuple[Scope, str]]:
+        snap = self.snapshot
+        found: list[tuple[int, Scope, str]] = []
+        if scope in (Scope.NODE, Scope.NVLINK):
+            for name, cls in ((n, snap.node_class(n)) for n in snap.nodes):
+                free = cls[1].bit_count()
+                if free >= need and snap.node(name).placeable:
+                    found.append((free, Scope.NODE, name))
+        if scope is not Scope.NODE:
+            for domain, free in snap.free_domains(scope).items():
+                if free >= need:
+                    found.append((free, scope, domain))
+        found.sort(key=lambda f: (f[0], WIDTH[f[1]], f[2]))
+        return [(s, d) for _, s, d in found]
+
+    def place_all(
+        self, *, within: tuple[Scope, str] | None
+    ) -> PlacementResult | list[tuple[list[PodPlacement], Key]]:
+        """Place the units in order. The first unit's few best plans (`ALTERNATIVES`, distinct
+        node sets) each start one greedy pass: what suits the first unit best can cost later
+        units more than it gains, and the request's own later units are known."""
+        first, tried = self._place_unit(
+            self.snapshot,
+            self.units[0],
+            within=within,
+            used={},
+            single=len(self.units) == 1,
+            alternatives=len(self.units) > 1,
+        )
+        if first is None:
+            self.failed = self.units[0]
+            return self._failure(self.snapshot, self.units[0], tried)
+        if len(self.units) == 1:
+            return [(list(first.pods), first.key)]
+        starts = tried.distinct_plans(ALTERNATIVES)
+        found: list[tuple[list[PodPlacement], Key]] = []
+        failure: PlacementResult | None = None
+        for start in starts:
+            outcome = self._greedy(start, within=within)
+            if isinstance(outcome, PlacementResult):
+                failure = failure or outcome
+            else:
+                found.append(outcome)
+        if found:
+            return found
+        assert failure is not None
+        return failure
+
+    def _greedy(
+        self, first: Plan, *, within: tuple[Scope, str] | None
+    ) -> PlacementResult | tuple[list[PodPlacement], Key]:
+        working = self.snapshot
+        pods: list[PodPlacement] = []
+        plans: list[Plan] = []
+        used: dict[str, set[str]] = {}  # group -> spread domains used so far
+        for unit in self.units:
+            if not plans:
+                plan: Plan | None = first
+            else:
+                plan, tried = self._place_unit(
+                    working, unit, within=within, used=used, single=False
+                )
+            if plan is None:
+                self.failed = unit
+                return self._failure(working, unit, tried)
+            pods.extend(plan.pods)
+            plans.append(plan)
+            taken = plan.taken()
+            working = working.with_free({n: working.node(n).free - g for n, g in taken.items()})
+            for s in unit.slots:
+                spread = s.group.spread
+                if spread is None:
+                    continue
+                for p in plan.pods:
+                    if p.group == s.group.name and p.replica == s.replica:
+                        d = working.domain_of(p.node, spread.across)
+                        if d:
+                            used.setdefault(s.group.name, set()).add(d)
+        return pods, _total_key(plans)
+
+    def _place_unit(
+        self,
+        working: ClusterSnapshot,
+        unit: Unit,
+        *,
+        within: tuple[Scope, str] | None,
+        used: Mapping[str, set[str]],
+        single: bool,
+        alternatives: bool = False,
+    ) -> tuple[Plan | None, Tried]:
+        tried = Tried(alternatives=alternatives, explore=alternatives and self.explore)
+        allowed = self.allowed(*(s.group for s in unit.slots))
+        per_group = {s.group.name: self.allowed(s.group) for s in unit.slots}
+        required_out: set[str] = set()
+        preferred_out: set[str] = set()
+        for s in unit.slots:
+            spread = s.group.spread
+            if spread is None or not used.get(s.group.name):
+                continue
+            nodes = _members(working, spread.across, used[s.group.name])
+            (required_out if spread.required else preferred_out).update(nodes)
+        view = View(
+            working,
+            allowed=allowed,
+            excluded=frozenset(required_out),
+            within=within,
+            per_group=per_group,
+        )
+        plan = self._search(view, unit, single=single, tried=tried)
+        if preferred_out:
+            away = View(
+                working,
+                allowed=allowed,
+                excluded=frozenset(required_out | preferred_out),
+                within=within,
+                per_group=per_group,
+            )
+            apart = self._search(away, unit, single=single, tried=Tried())
+            if plan is not None:
+                shared = sum(1 for p in plan.pods if p.node in preferred_out)
+                plan = replace(plan, key=plan.key._replace(spread=shared))
+            if apart is not None and (plan is None or apart.key < plan.key):
+                plan = apart
+        return plan, tried
+
+    def _search(self, view: View, unit: Unit, *, single: bool, tried: Tried) -> Plan | None:
+        request = self.request
+        limit = request.scope.required if single else None
+        preferred = request.scope.preferred
+        if len(unit.slots) == 1:
+            slot = unit.slots[0]
+            return search_slot(
+                view,
+                slot,
+                limit=_narrower(slot.group.scope.required, limit),
+                preferred=preferred,
+                tried=tried,
+                nvlink=limit is Scope.NVLINK,
+            )
+
+        def bound() -> float:
+            total = 0.0
+            for s in unit.slots:
+                own = view.for_group(s.group.name)
+                best = single_node_seconds(own, s)
+                if s.group.pods > 1:
+                    best = min(best, optimistic_seconds(own, s.group, nvlink=True))
+                total += best
+            fastest = fastest_pair_gbps(view.loosest())
+            for e in unit.edges:
+                shards = min(unit.slots[e.source].need, unit.slots[e.target].need)
+                if e.transfer_bytes and fastest > 0:
+                    total += cost.transfer_seconds(
+                        size_bytes=e.transfer_bytes, gbps=shards * fastest
+                    )
+            return total
+
+        return search_bundle(
+            view, unit.slots, unit.edges, limit=limit, preferred=preferred, tried=tried, bound=bound
+        )
+
+    def _failure(self, working: ClusterSnapshot, unit: Unit, tried: Tried) -> PlacementResult:
+        names = ", ".join(dict.fromkeys(s.label for s in unit.slots))
+        need = unit.need
+        rejections = tried.rejections()
+        if working.free_gpus < need:
+            reason = f"{need} GPUs needed for {names}, only {working.free_gpus} free in the cluster"
+        elif rejections:
+            codes = sorted({r.code for r in rejections})
+            reason = (
+                f"no domain can hold {names} ({need} GPUs): {len(rejections)} candidate(s) "
+                f"rejected ({', '.join(codes)})"
+            )
+        else:
+            reason = f"no domain has {need} free GPUs for {names}"
+        kept = tuple(rejections[:MAX_REJECTIONS])
+        if len(rejections) > MAX_REJECTIONS:
+            kept += (Rejection("...", "more", f"{len(rejections) - MAX_REJECTIONS} more"),)
+        return PlacementResult(False, CostAwarePolicy.name, reason=reason, rejections=kept)
+
+
+def _members(snapshot: ClusterSnapshot, scope: Scope, domains: set[str]) -> set[str]:
+    if scope is Scope.NODE:
+        return set(domains)
+    out: set[str] = set()
+    for d in domains:
+        out.update(snapshot.domains(scope).get(d, ()))
+    return out
+
+
+def _total_key(plans: Sequence[Plan]) -> Key:
+    """The key of a whole placement from its units' keys: preferences missed, predicted time,
+    spread, widest span and damage add up (names last, for determinism)."""
+    return Key(
+        sum(p.key.missed for p in plans),
+        cost.time_bucket(sum(p.seconds for p in plans)),
+        sum(p.key.spread for p in plans),
+        max(p.key.span for p in plans),
+        tuple(sum(h) for h in zip(*(p.key.harm for p in plans), strict=True)),
+        tuple(n for p in plans for n in p.key.names),
+    )
 
 
 class CostAwarePolicy:
@@ -137,183 +441,65 @@ class CostAwarePolicy:
     name = "gputopo"
 
     def place(self, snapshot: ClusterSnapshot, request: PlacementRequest) -> PlacementResult:
-        """Place the whole request or nothing."""
-        working = snapshot
-        pods: list[PodPlacement] = []
-        for comp in components(request):
-            outcome = self._place_component(working, request, comp)
-            if isinstance(outcome, PlacementResult):
-                return outcome
-            pods.extend(outcome.pods)
-            taken: dict[str, set[int]] = {}
-            for pod in outcome.pods:
-                taken.setdefault(pod.node, set()).update(pod.gpus)
-            working = working.with_free(
-                {n: working.node(n).free - frozenset(g) for n, g in taken.items()}
-            )
-        return PlacementResult(True, self.name, tuple(pods), predict(snapshot, request, pods))
+        """Place the whole request or nothing.
 
-    def _place_component(
-        self, snapshot: ClusterSnapshot, request: PlacementRequest, groups: tuple[Group, ...]
-    ) -> _Trial | PlacementResult:
-        need = sum(g.total_gpus for g in groups)
-        names = {g.name for g in groups}
-        sub = PlacementRequest(
-            groups=groups,
-            edges=tuple(e for e in request.edges if e.source in names),
-            scope=request.scope,
-            node_selector=request.node_selector,
+        Units are decided one after another, so their order matters when a request has
+        several groups: each order of `orders` is tried and the best whole placement (by its
+        predicted time, then the rest of its key) wins. An order that fails because earlier
+        units took a later one's room is retried with the failing unit's group first; when
+        every order fails, once more with the first unit's alternatives searched wider.
+        """
+        first_failure: PlacementResult | None = None
+        best: tuple[Key, list[PodPlacement], Prediction] | None = None
+        group_order = {g.name: i for i, g in enumerate(request.groups)}
+
+        def consider(found: list[tuple[list[PodPlacement], Key]]) -> None:
+            nonlocal best
+            for pods, total in found:
+                pods.sort(key=lambda p: (group_order[p.group], p.replica, p.rank))
+                prediction = predict(snapshot, request, pods)
+                final = total._replace(time=cost.time_bucket(prediction.communication_seconds))
+                if best is None or final < best[0]:
+                    best = (final, pods, prediction)
+
+        queue = orders(request)
+        seen = list(queue)
+        retries = 0
+        while queue:
+            order = queue.pop(0)
+            decision = _Decision(snapshot, request, order)
+            outcome = decision.run()
+            if not isinstance(outcome, PlacementResult):
+                consider(outcome)
+                continue
+            first_failure = first_failure or outcome
+            failed = decision.failed
+            if failed is not None and retries < MAX_RETRIES:
+                # Earlier units took what this one needed: let its group go first.
+                names = {s.group.name for s in failed.slots}
+                first = [u for u in order if any(s.group.name in names for s in u.slots)]
+                again = first + [u for u in order if u not in first]
+                if again not in seen:
+                    seen.append(again)
+                    queue.append(again)
+                    retries += 1
+        if best is None and len(seen[0]) > 1:
+            # Every order failed: look wider for the first unit's alternatives and try again.
+            for order in orders(request):
+                outcome = _Decision(snapshot, request, order, explore=True).run()
+                if not isinstance(outcome, PlacementResult):
+                    consider(outcome)
+        if best is None:
+            assert first_failure is not None
+            return first_failure
+        _, pods, prediction = best
+        wrong = refusal(
+            snapshot,
+            request,
+            pods,
+            policy=self.name,
+            why="internal error: the placement found breaks a rule",
+            code="internal",
+            prediction=prediction,
         )
-        rejections: list[Rejection] = []
-        best: _Trial | None = None
-        limit = request.scope.required
-        for cand in self._candidates(snapshot, request, need):
-            view = snapshot
-            if cand.gpus is not None:
-                node = cand.nodes[0]
-                view = snapshot.with_free({node: snapshot.node(node).free & cand.gpus})
-            free = view.free_in(cand.nodes)
-            if free < need:
-                if cand.scope is not Scope.NODE:
-                    rejections.append(
-                        Rejection(
-                            cand.label, "insufficient_gpus", f"{free} free GPUs, {need} needed"
-                        )
-                    )
-                continue
-            pods = fill(view, sub, groups, cand.nodes, STRATEGY)
-            if isinstance(pods, FillFailure):
-                rejections.append(Rejection(cand.label, pods.code, pods.message))
-                continue
-            span = span_of(snapshot, sorted({p.node for p in pods}))
-            if limit is not None and limit is not Scope.NVLINK and _WIDTH[span] > _WIDTH[limit]:
-                rejections.append(
-                    Rejection(
-                        cand.label,
-                        "scope",
-                        f"spans a {span.name.lower()}, the request requires "
-                        f"one {limit.name.lower()}",
-                    )
-                )
-                continue
-            prediction = predict(snapshot, sub, pods)
-            unmet = [e for e in prediction.edges if not e.satisfied]
-            if unmet:
-                e = unmet[0]
-                want = sub_edge_need(sub, e.source, e.target)
-                rejections.append(
-                    Rejection(
-                        cand.label,
-                        "bandwidth",
-                        f"edge {e.source}->{e.target} gets {e.gbps:.0f} GB/s, needs {want:.0f}",
-                    )
-                )
-                continue
-            trial = _Trial(
-                cand,
-                tuple(pods),
-                prediction,
-                self._score(snapshot, request, cand, pods, prediction),
-            )
-            if best is None or trial.score < best.score:
-                best = trial
-        if best is not None:
-            return best
-        return self._failure(snapshot, request, groups, need, rejections)
-
-    def _candidates(
-        self, snapshot: ClusterSnapshot, request: PlacementRequest, need: int
-    ) -> list[_Candidate]:
-        """Every domain the request may land in, narrowest scopes first."""
-        limit = request.scope.required
-        out: list[_Candidate] = []
-        if limit is Scope.NVLINK:
-            out.extend(
-                _Candidate(Scope.NVLINK, d, m) for d, m in snapshot.domains(Scope.NVLINK).items()
-            )
-            for n, state in snapshot.nodes.items():
-                if snapshot.domain_of(n, Scope.NVLINK) or not matches(state, request.node_selector):
-                    continue
-                for i, island in enumerate(nvlink_islands(state.topology)):
-                    if len(island & state.free) >= need:
-                        out.append(_Candidate(Scope.NVLINK, f"{n}/island-{i}", (n,), island))
-            return out
-        for scope in _CANDIDATE_SCOPES:
-            if limit is not None and _WIDTH[scope] > _WIDTH[limit]:
-                continue
-            if scope is Scope.NODE:
-                out.extend(
-                    _Candidate(scope, n, (n,))
-                    for n, s in snapshot.nodes.items()
-                    if s.free_count >= need and matches(s, request.node_selector)
-                )
-            else:
-                out.extend(_Candidate(scope, d, m) for d, m in snapshot.domains(scope).items())
-        return out
-
-    def _score(
-        self,
-        snapshot: ClusterSnapshot,
-        request: PlacementRequest,
-        cand: _Candidate,
-        pods: Sequence[PodPlacement],
-        prediction: Prediction,
-    ) -> tuple[object, ...]:
-        nodes = sorted({p.node for p in pods})
-        span = span_of(snapshot, nodes)
-        preferred = request.scope.preferred
-        missed_preference = preferred is not None and span > preferred
-        taken = sum(len(p.gpus) for p in pods)
-        # Best fit: the candidate domain with the fewest GPUs left free after this placement,
-        # and whole free nodes broken only when needed.
-        left_in_domain = snapshot.free_in(cand.nodes) - taken
-        broken_whole = sum(
-            1
-            for n in nodes
-            if snapshot.node(n).free_count == snapshot.node(n).topology.gpu_count
-            and sum(len(p.gpus) for p in pods if p.node == n) < snapshot.node(n).free_count
-        )
-        seconds = prediction.communication_seconds
-        return (
-            missed_preference,
-            cost.time_bucket(seconds) if math.isfinite(seconds) else 10**9,
-            broken_whole,
-            left_in_domain,
-            cand.scope,
-            cand.domain,
-        )
-
-    def _failure(
-        self,
-        snapshot: ClusterSnapshot,
-        request: PlacementRequest,
-        groups: tuple[Group, ...],
-        need: int,
-        rejections: list[Rejection],
-    ) -> PlacementResult:
-        scope = request.scope.required.name.lower() if request.scope.required else "cluster"
-        names = ", ".join(g.name for g in groups)
-        if snapshot.free_gpus < need:
-            reason = (
-                f"{need} GPUs needed for {names}, only {snapshot.free_gpus} free in the cluster"
-            )
-        elif rejections:
-            codes = sorted({r.code for r in rejections})
-            reason = (
-                f"no {scope} domain can hold {names} ({need} GPUs): "
-                f"{len(rejections)} candidate(s) rejected ({', '.join(codes)})"
-            )
-        else:
-            reason = f"no {scope} domain has {need} free GPUs for {names}"
-        kept = tuple(rejections[:_MAX_REJECTIONS])
-        if len(rejections) > _MAX_REJECTIONS:
-            kept += (Rejection("...", "more", f"{len(rejections) - _MAX_REJECTIONS} more"),)
-        return PlacementResult(False, self.name, reason=reason, rejections=kept)
-
-
-def sub_edge_need(request: PlacementRequest, source: str, target: str) -> float:
-    """The bandwidth an edge of the request needs."""
-    for e in request.edges:
-        if e.source == source and e.target == target:
-            return e.required_gbps
-    return 0.0
+        return wrong or PlacementResult(True, self.name, tuple(pods), prediction)

@@ -6,14 +6,16 @@ pairs keeps both bridges. So every subset of the free GPUs of the right size is 
 at most 8-16 GPUs; `C(8,4)` = 70) and the best wins, on, in order:
 
 1. the bottleneck bandwidth of the best ring through the subset (bucketed: near-equal rings tie);
-2. when the job leaves the node, the network bandwidth its GPUs get (distinct nearest NICs);
+2. when the job leaves the node, the network bandwidth its GPUs get (distinct nearest NICs, so a
+   gang's GPUs sit on the PCIe switch of their own NIC rather than share one);
 3. the fewest NUMA nodes touched;
 4. the least damage to what stays free: the remaining free GPUs should keep the best ring they
    can form (so a TP-2 takes a pair that was already broken before it breaks a whole one);
 5. the lowest indices, so the answer is deterministic.
 
-Results are cached by the node's link matrix restricted to the free GPUs, so thousands of
-identical nodes cost one search.
+Answers depend only on the node's shape (`gputopo.cluster.NodeShape`), the mask of its free GPUs
+and the count, and are cached on exactly that, so thousands of identical nodes cost one search.
+The GPUs come back in ring order: consecutive ranks sit on the best links.
 """
 
 from __future__ import annotations
@@ -21,110 +23,218 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
 
 from gputopo import cost
-from gputopo.placement.links import best_ring, best_ring_of_matrix, nic_share_gbps
+from gputopo.links import LinkKind
+from gputopo.placement.links import best_ring_of_matrix
+from gputopo.shape import NodeShape, node_shape
 from gputopo.topology import NodeTopology
 
-__all__ = ["MAX_SUBSETS", "choose_gpus"]
+__all__ = [
+    "MAX_SUBSETS",
+    "NodeChoice",
+    "choose",
+    "choose_gpus",
+    "figures_of",
+    "mask_of",
+]
 
 # Above this many subsets (a 16-GPU node asked for 8 of 16 free is 12,870) the search falls back
 # to growing the set greedily from each start GPU, which is exact on switch-based nodes.
 MAX_SUBSETS = 4096
 
 
+@dataclass(frozen=True, slots=True)
+class NodeChoice:
+    """GPUs of one node for one replica, and what the cost model needs to know about them.
+
+    `gpus` are in ring (rank) order. `nic_gbps[i]` is the network bandwidth `gpus[i]` gets when
+    the replica leaves the node (its nearest NIC's rate shared by the replica's GPUs on that
+    NIC), `nic_names[i]` that NIC ("" when none). `ring_gbps` is infinite for one GPU.
+    """
+
+    gpus: tuple[int, ...]
+    ring_gbps: float
+    kind: LinkKind
+    nic_gbps: tuple[float, ...]
+    nic_names: tuple[str, ...]
+    nvlink_gbps: float
+
+    @property
+    def min_nic_gbps(self) -> float:
+        """The slowest GPU's network share."""
+        return min(self.nic_gbps, default=0.0)
+
+
+def mask_of(gpus: Sequence[int] | frozenset[int]) -> int:
+    """Bit mask of GPU indices."""
+    m = 0
+    for g in gpus:
+        m |= 1 << g
+    return m
+
+
+def _bits(mask: int) -> tuple[int, ...]:
+    out = []
+    i = 0
+    while mask:
+        if mask & 1:
+            out.append(i)
+        mask >>= 1
+        i += 1
+    return tuple(out)
+
+
 def choose_gpus(
     topology: NodeTopology, free: frozenset[int], count: int, *, leaves_node: bool = False
 ) -> tuple[int, ...] | None:
     """The best `count` GPUs among `free` on this node, in ring (rank) order; None if too few."""
+    found = choose(node_shape(topology), mask_of(free), count, leaves_node=leaves_node)
+    return None if found is None else found.gpus
+
+
+def choose(
+    shape: NodeShape,
+    free_mask: int,
+    count: int,
+    *,
+    leaves_node: bool = False,
+    island: bool = False,
+) -> NodeChoice | None:
+    """The best `count` GPUs of a node of this shape among `free_mask` (see the module
+    docstring); None when too few are free. With `island`, all GPUs come from one NVLink island
+    (a required NVLink scope on a node whose NVLink stays inside it)."""
     if count <= 0:
-        return ()
-    if count > len(free):
+        return NodeChoice((), math.inf, LinkKind.NVLINK, (), (), math.inf)
+    if free_mask.bit_count() < count:
         return None
-    key = _signature(topology, free, leaves_node=leaves_node)
-    best = _choose(key, count)
-    ordered_free = sorted(free)
-    chosen = [ordered_free[i] for i in best]
-    ring, _ = best_ring(topology, chosen)
-    return ring
+    return _choose(shape, free_mask, count, leaves_node, island)
 
 
-class _Signature(NamedTuple):
-    """What the choice depends on, as a hashable value (positions are indices into `free`)."""
-
-    matrix: tuple[tuple[float, ...], ...]
-    numa: tuple[int | None, ...]
-    nics: tuple[tuple[int, ...], ...]
-    nic_rates: tuple[float, ...]
-
-
-def _signature(topology: NodeTopology, free: frozenset[int], *, leaves_node: bool) -> _Signature:
-    ordered = sorted(free)
-    matrix = tuple(
-        tuple(round(_pair(topology, a, b), 3) if a != b else 0.0 for b in ordered) for a in ordered
-    )
-    numa = tuple(topology.gpus[g].numa_node for g in ordered)
-    nics = tuple(topology.nearest_nics(g) for g in ordered) if leaves_node else ()
-    nic_rates = tuple(nic_share_gbps(topology, [g])[g][0] for g in ordered) if leaves_node else ()
-    return _Signature(matrix, numa, nics, nic_rates)
-
-
-def _pair(topology: NodeTopology, a: int, b: int) -> float:
-    link = topology.gpu_link(a, b)
-    return link.bandwidth_gbps() if link is not None else 0.0
-
-
-@lru_cache(maxsize=65536)
-def _choose(signature: _Signature, count: int) -> tuple[int, ...]:
-    matrix, numa, nics, nic_rates = signature
-    n = len(matrix)
-    everyone = tuple(range(n))
-    if count == n:
-        return everyone
-    if math.comb(n, count) <= MAX_SUBSETS:
-        candidates: Sequence[tuple[int, ...]] = list(itertools.combinations(everyone, count))
+@lru_cache(maxsize=1 << 16)
+def _choose(
+    shape: NodeShape, free_mask: int, count: int, leaves_node: bool, island: bool
+) -> NodeChoice | None:
+    free = _bits(free_mask)
+    pools: list[tuple[int, ...]]
+    if island:
+        pools = []
+        for isl in shape.islands:
+            avail = tuple(g for g in free if g in isl)
+            if len(avail) >= count and (count == 1 or len(isl) > 1):
+                pools.append(avail)
+        if not pools:
+            return None
     else:
-        candidates = [_grow(matrix, start, count) for start in everyone]
-
-    def score(subset: tuple[int, ...]) -> tuple[object, ...]:
-        ring = _ring_of(matrix, subset)
-        rest = tuple(i for i in everyone if i not in subset)
-        rest_ring = _ring_of(matrix, rest) if len(rest) > 1 else math.inf
-        network = 0.0
-        if nics:
-            used: dict[int, int] = {}
-            for i in subset:
-                for nic in nics[i][:1]:
-                    used[nic] = used.get(nic, 0) + 1
-            network = -min(
-                (nic_rates[i] / max(used.get(nics[i][0], 1), 1) if nics[i] else 0.0) for i in subset
-            )
-        numa_nodes = len({numa[i] for i in subset})
-        return (
-            cost.time_bucket(1.0 / ring) if ring > 0 else 10**9,
-            network,
-            numa_nodes,
-            cost.time_bucket(1.0 / rest_ring) if rest_ring > 0 else 10**9,
-            subset,
-        )
-
-    return min(candidates, key=score)
+        pools = [free]
+    best: tuple[tuple[object, ...], tuple[int, ...]] | None = None
+    for pool in pools:
+        for subset in _candidates(shape, pool, count):
+            key = _score(shape, free, subset, leaves_node)
+            if best is None or key < best[0]:
+                best = (key, subset)
+    assert best is not None
+    return figures_of(shape, best[1])
 
 
-def _ring_of(matrix: tuple[tuple[float, ...], ...], subset: Sequence[int]) -> float:
+def _candidates(shape: NodeShape, pool: tuple[int, ...], count: int) -> list[tuple[int, ...]]:
+    if count == len(pool):
+        return [pool]
+    if math.comb(len(pool), count) <= MAX_SUBSETS:
+        return list(itertools.combinations(pool, count))
+    return sorted({_grow(shape, pool, start, count) for start in pool})
+
+
+def _score(
+    shape: NodeShape, free: tuple[int, ...], subset: tuple[int, ...], leaves_node: bool
+) -> tuple[object, ...]:
+    ring = _ring_gbps(shape, subset)
+    rest = tuple(g for g in free if g not in subset)
+    rest_ring = _ring_gbps(shape, rest) if len(rest) > 1 else math.inf
+    network = 0.0
+    if leaves_node:
+        network = -min(_nic_shares(shape, subset)[0], default=0.0)
+    numa_nodes = len({shape.numa[g] for g in subset})
+    return (
+        _bucket(ring),
+        network,
+        numa_nodes,
+        _bucket(rest_ring),
+        subset,
+    )
+
+
+def _bucket(gbps: float) -> int:
+    """Bucket of a bandwidth: higher bandwidth, lower bucket (time buckets of 1/gbps)."""
+    if math.isinf(gbps):
+        return cost.time_bucket(0.0)
+    return cost.time_bucket(1.0 / gbps) if gbps > 0 else 10**9
+
+
+def _ring_gbps(shape: NodeShape, subset: Sequence[int]) -> float:
     if len(subset) <= 1:
         return math.inf
-    sub = tuple(tuple(matrix[a][b] for b in subset) for a in subset)
+    sub = tuple(tuple(shape.bw[a][b] for b in subset) for a in subset)
     return best_ring_of_matrix(sub)[1]
 
 
-def _grow(matrix: tuple[tuple[float, ...], ...], start: int, count: int) -> tuple[int, ...]:
+def _ring_order(shape: NodeShape, subset: Sequence[int]) -> tuple[tuple[int, ...], float]:
+    ordered = tuple(sorted(subset))
+    if len(ordered) <= 1:
+        return ordered, math.inf
+    sub = tuple(tuple(shape.bw[a][b] for b in ordered) for a in ordered)
+    order, gbps = best_ring_of_matrix(sub)
+    return tuple(ordered[i] for i in order), gbps
+
+
+def _nic_shares(shape: NodeShape, gpus: Sequence[int]) -> tuple[tuple[float, ...], tuple[str, ...]]:
+    """Each GPU's share of its nearest NIC, in the order of `gpus`.
+
+    Each GPU uses its nearest up NIC; when several are equally near, GPUs are dealt over them
+    round robin (as NCCL spreads channels). GPUs of the set that end up on one NIC share its
+    rate equally. A GPU with no NIC gets 0.
+    """
+    use: dict[int, tuple[int, float]] = {}
+    load: dict[int, int] = {}
+    for g in sorted(gpus):
+        near = shape.nics[g]
+        if not near:
+            continue
+        idx, rate = min(near, key=lambda n: (load.get(n[0], 0), n[0]))
+        use[g] = (idx, rate)
+        load[idx] = load.get(idx, 0) + 1
+    shares = []
+    names = []
+    for g in gpus:
+        if g not in use:
+            shares.append(0.0)
+            names.append("")
+            continue
+        idx, rate = use[g]
+        shares.append(rate / load[idx])
+        names.append(shape.nic_names[idx] if idx < len(shape.nic_names) else f"nic{idx}")
+    return tuple(shares), tuple(names)
+
+
+def figures_of(shape: NodeShape, gpus: Sequence[int]) -> NodeChoice:
+    """The figures of a given GPU set (ring order, ring bandwidth, NIC shares, ...)."""
+    ring, gbps = _ring_order(shape, gpus)
+    kind = max(
+        (shape.kind[a][b] for i, a in enumerate(ring) for b in ring[i + 1 :]),
+        default=LinkKind.NVLINK,
+    )
+    shares, names = _nic_shares(shape, ring)
+    nvl = min((shape.nvlink_gbps[g] for g in ring), default=math.inf)
+    return NodeChoice(ring, gbps, kind, shares, names, nvl)
+
+
+def _grow(shape: NodeShape, pool: tuple[int, ...], start: int, count: int) -> tuple[int, ...]:
     chosen = [start]
-    rest = set(range(len(matrix))) - {start}
+    rest = set(pool) - {start}
     while len(chosen) < count:
-        nxt = max(sorted(rest), key=lambda c: min(matrix[c][x] for x in chosen))
+        nxt = max(sorted(rest), key=lambda c: min(shape.bw[c][x] for x in chosen))
         chosen.append(nxt)
         rest.discard(nxt)
     return tuple(sorted(chosen))

@@ -15,7 +15,9 @@ What a Kueue user gets today, end to end:
    the GPUs (go-gpuallocator best effort, `baselines.gpuallocator_choice`).
 
 Kueue knows nothing of bandwidth: edges are not considered, and the prediction reports whether
-they happen to be met.
+they happen to be met. Nor can it keep several PodSets in one domain (a required scope of the
+whole request) or spread them: when its assignment breaks such a rule, the baseline answers
+"not placed" with the broken rule rather than a placement the user ruled out.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import weakref
 
 from gputopo.cluster import ClusterSnapshot
 from gputopo.placement.baselines import gpuallocator_choice
+from gputopo.placement.constraints import refusal
 from gputopo.placement.fill import matches
 from gputopo.placement.kueue_tas import (
     HOSTNAME_LABEL,
@@ -50,7 +53,9 @@ def _tier_label(k: int) -> str:
 
 
 class _Topologies:
-    """The two Kueue Topologies of a snapshot (fabric and NVLink), built once per snapshot."""
+    """The two Kueue Topologies of a cluster (fabric and NVLink), built once per snapshot
+    structure: like Kueue's topology-tree cache (kueue#13819), the tree is reused while only
+    usage changes, and each decision passes the usage of its snapshot."""
 
     def __init__(self, snapshot: ClusterSnapshot) -> None:
         depth = max((len(s.topology.fabric.tiers) for s in snapshot.nodes.values()), default=0)
@@ -62,30 +67,29 @@ class _Topologies:
                 continue
             total = state.topology.gpu_count
             alloc = {GPU: float(total), "pods": float(_MAX_PODS)}
-            used = {GPU: float(total - len(state.free))}
             labels = {HOSTNAME_LABEL: name}
             tiers = state.topology.fabric.tiers
             for k in range(len(tiers)):
                 # The whole path up, so a leaf name reused under two spines stays two leaves.
                 labels[_tier_label(k)] = "/".join(reversed(tiers[k:]))
-            fabric_nodes.append(TasNode(name, labels, alloc, used))
+            fabric_nodes.append(TasNode(name, labels, alloc))
             domain = snapshot.domain_of(name, Scope.NVLINK)
             if domain:
                 nvlink_nodes.append(
-                    TasNode(name, {ACCELERATOR: domain, HOSTNAME_LABEL: name}, alloc, used)
+                    TasNode(name, {ACCELERATOR: domain, HOSTNAME_LABEL: name}, alloc)
                 )
         self.fabric = TasTopology(levels=self.fabric_levels, nodes=fabric_nodes, name="fabric")
         self.nvlink = TasTopology(levels=self.nvlink_levels, nodes=nvlink_nodes, name="nvlink")
 
 
-_CACHE: weakref.WeakKeyDictionary[ClusterSnapshot, _Topologies] = weakref.WeakKeyDictionary()
+_CACHE: weakref.WeakKeyDictionary[object, _Topologies] = weakref.WeakKeyDictionary()
 
 
 def _topologies(snapshot: ClusterSnapshot) -> _Topologies:
-    found = _CACHE.get(snapshot)
+    found = _CACHE.get(snapshot.structure)
     if found is None:
         found = _Topologies(snapshot)
-        _CACHE[snapshot] = found
+        _CACHE[snapshot.structure] = found
     return found
 
 
@@ -109,12 +113,12 @@ class KueueBestFitPolicy:
             for replica in range(group.replicas):
                 use_nvlink, tas_request = self._podset(topos, snapshot, request, group)
                 topo = nvlink if use_nvlink else fabric
-                # On top of the snapshot's usage (in the tree): what earlier PodSets took, and
+                # The snapshot's usage (GPUs in use, and what earlier PodSets took), and
                 # everything on nodes the selectors rule out (Kueue filters those nodes away).
                 usage = {
-                    n: {GPU: float(len(s.free) - len(free[n]))}
+                    n: {GPU: float(s.topology.gpu_count - len(free[n]))}
                     for n, s in snapshot.nodes.items()
-                    if len(s.free) != len(free[n])
+                    if s.topology.gpu_count != len(free[n])
                 }
                 for n in snapshot.nodes.keys() - allowed:
                     usage[n] = {GPU: float(snapshot.node(n).topology.gpu_count)}
@@ -135,7 +139,19 @@ class KueueBestFitPolicy:
                         "allocate the GPUs Kueue admitted",
                     )
                 pods.extend(placed)
-        return PlacementResult(True, self.name, tuple(pods), predict(snapshot, request, pods))
+        # Kueue admits PodSets one by one: it has no way to keep several in one domain or
+        # apart. When its answer would break the request, the baseline says so instead.
+        wrong = refusal(
+            snapshot,
+            request,
+            pods,
+            policy=self.name,
+            why="Kueue's assignment breaks the request",
+            code="unsupported",
+        )
+        return wrong or PlacementResult(
+            True, self.name, tuple(pods), predict(snapshot, request, pods)
+        )
 
     def _podset(
         self,

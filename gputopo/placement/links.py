@@ -1,10 +1,9 @@
-"""Bandwidth between placed GPUs: inside a node along its links, between nodes over NVLink
-domains or NICs. The cost model turns these figures into time.
+"""Bandwidth paths between placed GPUs: the best ring through GPUs of one node, and the
+narrowest scope that holds a set of nodes (which decides whether nodes talk over a multi-node
+NVLink domain or over their NICs).
 
-Inside a node, a ring's bandwidth is the bottleneck link of the best ring through the chosen
-GPUs (a bottleneck travelling-salesman problem, exact for the <= 16 GPUs of a node). Between
-nodes, two GPUs talk over NVLink when both sit in one multi-node NVLink domain, else each over its
-nearest NIC, whose line rate is shared by the GPUs of the same job that use it.
+A ring's bandwidth is the bottleneck link of the best ring through the chosen GPUs (a
+bottleneck travelling-salesman problem, exact for the <= 16 GPUs of a node).
 """
 
 from __future__ import annotations
@@ -12,50 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
-from gputopo import bandwidth
 from gputopo.cluster import ClusterSnapshot
-from gputopo.links import LinkKind
 from gputopo.request import Scope
-from gputopo.topology import NodeTopology, gpu
-from gputopo.topology import nic as nic_ref
 
-__all__ = [
-    "best_ring",
-    "best_ring_of_matrix",
-    "gpu_nvlink_gbps",
-    "nic_share_gbps",
-    "pair_gbps",
-    "pair_kind",
-    "span_of",
-]
-
-
-def pair_gbps(topology: NodeTopology, a: int, b: int) -> float:
-    """Bandwidth between two GPUs of one node (0 when nothing is known)."""
-    link = topology.gpu_link(a, b)
-    return link.bandwidth_gbps() if link is not None else 0.0
-
-
-def pair_kind(topology: NodeTopology, a: int, b: int) -> LinkKind:
-    """How two GPUs of one node are connected (SYS when unknown)."""
-    link = topology.gpu_link(a, b)
-    return link.kind if link is not None else LinkKind.SYS
-
-
-def best_ring(topology: NodeTopology, gpus: Sequence[int]) -> tuple[tuple[int, ...], float]:
-    """The ring through `gpus` whose slowest hop is fastest, and that hop's bandwidth.
-
-    Returns the GPUs in ring order (starting at the smallest index) and the bottleneck GB/s.
-    One GPU is a ring of infinite bandwidth (nothing to send); two GPUs share one link.
-    """
-    ordered = tuple(sorted(gpus))
-    if len(ordered) <= 1:
-        return ordered, float("inf")
-    matrix = tuple(
-        tuple(pair_gbps(topology, a, b) if a != b else 0.0 for b in ordered) for a in ordered
-    )
-    order, gbps = best_ring_of_matrix(matrix)
-    return tuple(ordered[i] for i in order), gbps
+__all__ = ["best_ring_of_matrix", "holds", "span_of"]
 
 
 @lru_cache(maxsize=65536)
@@ -115,41 +74,6 @@ def _hamiltonian_cycle(
     return tuple(path[:-1]) if path[0] == path[-1] else tuple(path)
 
 
-def gpu_nvlink_gbps(topology: NodeTopology, gpu_index: int) -> float:
-    """A GPU's total NVLink bandwidth: what it reaches across a multi-node NVLink fabric."""
-    g = topology.gpus[gpu_index]
-    return bandwidth.nvlink_gbps(lanes=g.nvlink_lanes, generation=g.nvlink_generation or None)
-
-
-def nic_share_gbps(topology: NodeTopology, gpus: Sequence[int]) -> dict[int, tuple[float, str]]:
-    """Network bandwidth each GPU of a job's set gets, and through which NIC.
-
-    Each GPU uses its nearest up NIC; when several are equally near, GPUs are dealt over them
-    round robin (as NCCL spreads channels). GPUs of the set that end up on one NIC share its
-    line rate equally. A GPU with no NIC gets 0.
-    """
-    use: dict[int, int] = {}
-    load: dict[int, int] = {}
-    for g in sorted(gpus):
-        near = topology.nearest_nics(g)
-        if not near:
-            continue
-        choice = min(near, key=lambda n: (load.get(n, 0), n))
-        use[g] = choice
-        load[choice] = load.get(choice, 0) + 1
-    out: dict[int, tuple[float, str]] = {}
-    for g in gpus:
-        if g not in use:
-            out[g] = (0.0, "no NIC")
-            continue
-        nic = topology.nics[use[g]]
-        line = bandwidth.nic_gbps(nic.speed_mbps)
-        link = topology.link(gpu(g), nic_ref(nic.index))
-        path = link.bandwidth_gbps() if link is not None and link.bandwidth_gbps() > 0 else line
-        out[g] = (min(line, path) / load[use[g]], nic.name)
-    return out
-
-
 def span_of(snapshot: ClusterSnapshot, nodes: Sequence[str]) -> Scope:
     """The narrowest scope that holds all the given nodes."""
     unique = sorted(set(nodes))
@@ -160,3 +84,18 @@ def span_of(snapshot: ClusterSnapshot, nodes: Sequence[str]) -> Scope:
         if len(ids) == 1 and None not in ids and "" not in ids:
             return scope
     return Scope.CLUSTER
+
+
+def holds(snapshot: ClusterSnapshot, nodes: Sequence[str], scope: Scope) -> bool:
+    """Whether one domain of `scope` holds all the nodes.
+
+    Scopes do not nest strictly: a multi-node NVLink domain can straddle two leaves, so "the
+    narrowest scope holding them" (`span_of`) is not enough to check a required scope.
+    """
+    unique = set(nodes)
+    if scope is Scope.CLUSTER or len(unique) <= 1:
+        return True
+    if scope is Scope.NODE:
+        return False
+    ids = {snapshot.domain_of(n, scope) for n in unique}
+    return len(ids) == 1 and None not in ids and "" not in ids

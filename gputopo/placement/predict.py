@@ -1,14 +1,18 @@
-"""Predict the communication performance of a concrete placement.
+"""Predict the communication performance of a placement, from per-node figures.
 
-Per replica of each group, the GPUs are split by node; the collective's time then comes from the
-cost model with the bandwidths of `gputopo.placement.links`:
+A replica is a sequence of `NodePart`s in rank order: the GPUs it holds on each node and that
+node's figures (`intranode.NodeChoice`: best ring, weakest link, NIC shares, NVLink rate). The
+same functions score candidate placements inside the engine (figures come from the cached
+intra-node choices) and the final result (figures recomputed from the chosen GPUs), so what the
+engine optimises is exactly what the answer reports. Per replica:
 
 1. inside each node, the best ring through that node's GPUs of the replica gives the intra-node
    bandwidth (the slowest node counts);
 2. across nodes, either the multi-node NVLink domain (all nodes in one) or the NICs: each GPU's
    share of its nearest NIC, the slowest GPU counting;
 3. all-reduce is hierarchical, all-to-all is bounded by the slower of local and remote traffic,
-   pipeline by the slowest neighbour hop; a group's figure is its slowest replica.
+   pipeline by the slowest hop (inside a node: its ring's bottleneck; across nodes: the network);
+   a group's figure is its slowest replica.
 
 Edges sum the bandwidth of matched GPU shards between two replicas (shard i of the source sends
 to shard i of the target) and report the worst pair of replicas.
@@ -16,81 +20,140 @@ to shard i of the target) and report the worst pair of replicas.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from gputopo import bandwidth, cost
 from gputopo.cluster import ClusterSnapshot
 from gputopo.links import LinkKind
-from gputopo.placement.links import (
-    best_ring,
-    gpu_nvlink_gbps,
-    nic_share_gbps,
-    pair_gbps,
-    pair_kind,
-    span_of,
-)
+from gputopo.placement.intranode import NodeChoice, figures_of
+from gputopo.placement.links import span_of
 from gputopo.placement.result import EdgePrediction, GroupPrediction, PodPlacement, Prediction
 from gputopo.request import Edge, Group, Pairing, Pattern, PlacementRequest, Scope
-from gputopo.topology import NodeTopology
 
-__all__ = ["Replica", "predict", "predict_edge", "predict_replica"]
+__all__ = [
+    "NodePart",
+    "ReplicaFigures",
+    "collective",
+    "collective_seconds",
+    "edge_gbps",
+    "edge_pairs",
+    "parts_of",
+    "predict",
+    "replica_figures",
+    "replicas_of",
+]
 
-# A replica's GPUs in rank order: (node, gpu index) pairs.
-Replica = tuple[tuple[str, int], ...]
+
+@dataclass(frozen=True, slots=True)
+class NodePart:
+    """The GPUs a replica holds on one node, with that node's figures for them."""
+
+    node: str
+    choice: NodeChoice
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        """GPU indices in rank order."""
+        return self.choice.gpus
 
 
-def replicas_of(pods: Iterable[PodPlacement]) -> dict[tuple[str, int], Replica]:
-    """Group placed pods into replicas keyed by (group, replica), GPUs in rank order."""
-    acc: dict[tuple[str, int], list[tuple[int, str, tuple[int, ...]]]] = {}
+# A replica's parts, in rank order.
+Replica = tuple[NodePart, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaFigures:
+    """Predicted collective of one replica."""
+
+    bus_gbps: float
+    seconds: float
+    bottleneck: str
+    span: Scope
+
+
+def replicas_of(pods: Iterable[PodPlacement]) -> dict[tuple[str, int], list[PodPlacement]]:
+    """Placed pods grouped by (group, replica), in rank order."""
+    out: dict[tuple[str, int], list[PodPlacement]] = {}
     for p in pods:
-        acc.setdefault((p.group, p.replica), []).append((p.rank, p.node, p.gpus))
-    out: dict[tuple[str, int], Replica] = {}
-    for key, items in acc.items():
-        items.sort()
-        out[key] = tuple((node, g) for _, node, gpus in items for g in gpus)
+        out.setdefault((p.group, p.replica), []).append(p)
+    for items in out.values():
+        items.sort(key=lambda p: p.rank)
     return out
 
 
-def predict_replica(
-    snapshot: ClusterSnapshot, group: Group, replica: Replica
-) -> tuple[float, float, str, Scope]:
-    """(bus GB/s, collective seconds, bottleneck description, span) of one replica."""
+def parts_of(snapshot: ClusterSnapshot, pods: Sequence[PodPlacement]) -> Replica:
+    """A replica's parts from its pods (rank order; a node's GPUs gathered at first sight)."""
     by_node: dict[str, list[int]] = {}
-    for node, g in replica:
-        by_node.setdefault(node, []).append(g)
-    span = span_of(snapshot, list(by_node))
-    if len(replica) <= 1 or group.pattern is Pattern.NONE:
-        return math.inf, 0.0, "none", span
+    for p in pods:
+        by_node.setdefault(p.node, []).extend(p.gpus)
+    return tuple(
+        NodePart(node, figures_of(snapshot.shape(node), gpus)) for node, gpus in by_node.items()
+    )
 
+
+def replica_figures(snapshot: ClusterSnapshot, group: Group, parts: Replica) -> ReplicaFigures:
+    """Bus bandwidth, time of one collective, bottleneck and span of one replica."""
+    span = span_of(snapshot, [p.node for p in parts])
+    bus, seconds, bottleneck = collective(
+        group,
+        [(p.choice, 1) for p in parts],
+        nodes=len(parts),
+        nvlink=span is Scope.NVLINK,
+        labels=[p.node for p in parts],
+    )
+    return ReplicaFigures(bus, seconds, bottleneck, span)
+
+
+def collective_seconds(
+    group: Group, parts: Sequence[tuple[NodeChoice, int]], *, nodes: int, nvlink: bool
+) -> float:
+    """Seconds of one collective (see `collective`)."""
+    return collective(group, parts, nodes=nodes, nvlink=nvlink)[1]
+
+
+def collective(
+    group: Group,
+    parts: Sequence[tuple[NodeChoice, int]],
+    *,
+    nodes: int,
+    nvlink: bool,
+    labels: Sequence[str] | None = None,
+) -> tuple[float, float, str]:
+    """(bus GB/s, seconds, bottleneck) of a replica's collective from per-node figures.
+
+    `parts` lists distinct per-node figures with how many nodes have them (the engine estimates
+    a gang of 64 identical nodes from one entry); `nodes` is how many nodes in all; `nvlink`
+    says the nodes share one multi-node NVLink domain; `labels` names the nodes of `parts` (for
+    the bottleneck text).
+    """
+    n = sum(len(c.gpus) * k for c, k in parts)
+    if n <= 1 or group.pattern is Pattern.NONE:
+        return math.inf, 0.0, "none"
     intra_gbps, intra_kind = math.inf, LinkKind.NVLINK
-    for node, gpus in by_node.items():
-        topo = snapshot.node(node).topology
-        _, ring = best_ring(topo, gpus)
-        if ring < intra_gbps:
-            intra_gbps = ring
-            intra_kind = _weakest_kind(topo, gpus)
+    for c, _ in parts:
+        if c.ring_gbps < intra_gbps:
+            intra_gbps, intra_kind = c.ring_gbps, c.kind
     intra_latency = bandwidth.latency_us(intra_kind)
     size = group.message_bytes
-    n, m = len(replica), len(by_node)
-    g_max = max(len(v) for v in by_node.values())
+    m = nodes
+    g_max = max(len(c.gpus) for c, _ in parts)
 
     inter_gbps, bottleneck = math.inf, _kind_name(intra_kind)
     inter_latency = bandwidth.latency_us(LinkKind.NET)
     if m > 1:
-        if span is Scope.NVLINK:
-            inter_gbps = min(
-                gpu_nvlink_gbps(snapshot.node(node).topology, g) for node, g in replica
-            )
+        if nvlink:
+            inter_gbps = min(c.nvlink_gbps for c, _ in parts)
             inter_latency = bandwidth.latency_us(LinkKind.NVLINK)
             net_name = "multi-node NVLink"
         else:
-            inter_gbps, net_name = math.inf, "NIC"
-            for node, gpus in by_node.items():
-                for gbps, nic in nic_share_gbps(snapshot.node(node).topology, gpus).values():
+            net_name = "NIC"
+            for i, (c, _) in enumerate(parts):
+                where = f" on {labels[i]}" if labels else ""
+                for gbps, nic in zip(c.nic_gbps, c.nic_names, strict=True):
                     if gbps < inter_gbps:
-                        inter_gbps, net_name = gbps, f"NIC {nic} on {node}"
+                        inter_gbps, net_name = gbps, f"NIC {nic or '(none)'}{where}"
         if inter_gbps * g_max < intra_gbps or g_max == 1:
             bottleneck = net_name
 
@@ -114,97 +177,92 @@ def predict_replica(
             inter_gbps_per_gpu=inter_gbps,
             intra_latency_us=intra_latency,
             inter_latency_us=inter_latency,
+            shared=nvlink,
         )
         bus = size * (n - 1) / n / seconds / 1e9 if seconds > 0 else math.inf
-    else:  # PIPELINE: the slowest neighbour hop in rank order
-        hop_gbps = math.inf
-        for (na, ga), (nb, gb) in itertools.pairwise(replica):
-            hop_gbps = min(hop_gbps, _pair_between(snapshot, na, ga, nb, gb))
+    else:  # PIPELINE: the slowest hop between consecutive ranks
+        hop_gbps = min(
+            [c.ring_gbps for c, _ in parts if len(c.gpus) > 1] + ([inter_gbps] if m > 1 else [])
+        )
+        latency = inter_latency if m > 1 else intra_latency
         seconds = cost.pipeline_seconds(
-            size_bytes=size, neighbour_gbps=hop_gbps, hop_latency_us=intra_latency
+            size_bytes=size, neighbour_gbps=hop_gbps, hop_latency_us=latency
         )
         bus = hop_gbps
-    return bus, seconds, bottleneck, span
+    return bus, seconds, bottleneck
 
 
-def _pair_between(snapshot: ClusterSnapshot, na: str, ga: int, nb: str, gb: int) -> float:
-    """Bandwidth between two single GPUs anywhere in the cluster."""
-    if na == nb:
-        return pair_gbps(snapshot.node(na).topology, ga, gb)
-    ta, tb = snapshot.node(na).topology, snapshot.node(nb).topology
-    if span_of(snapshot, [na, nb]) is Scope.NVLINK:
-        return min(gpu_nvlink_gbps(ta, ga), gpu_nvlink_gbps(tb, gb))
-    return min(nic_share_gbps(ta, [ga])[ga][0], nic_share_gbps(tb, [gb])[gb][0])
-
-
-def predict_edge(snapshot: ClusterSnapshot, source: Replica, target: Replica) -> float:
+def edge_gbps(snapshot: ClusterSnapshot, source: Replica, target: Replica) -> float:
     """Bandwidth from one source replica to one target replica, summed over matched shards.
 
-    Shard i of the source pairs with shard i of the target. Shards that leave a node share the
-    NICs they use: each GPU's NIC share is computed over all of that replica's GPUs on the node.
+    Shard i of the source pairs with shard i of the target. Shards on one node use the link
+    between their GPUs; in one multi-node NVLink domain, NVLink; otherwise each side's share of
+    its NIC (computed over that replica's GPUs on the node).
     """
-    shards = min(len(source), len(target))
+    src = [(p, i) for p in source for i in range(len(p.gpus))]
+    dst = [(p, i) for p in target for i in range(len(p.gpus))]
+    shards = min(len(src), len(dst))
     if shards == 0:
         return 0.0
-    src_nic = _nic_shares(snapshot, source)
-    dst_nic = _nic_shares(snapshot, target)
     total = 0.0
-    for (na, ga), (nb, gb) in zip(source[:shards], target[:shards], strict=True):
-        if na == nb:
-            total += pair_gbps(snapshot.node(na).topology, ga, gb) if ga != gb else math.inf
-        elif span_of(snapshot, [na, nb]) is Scope.NVLINK:
+    for (pa, ia), (pb, ib) in zip(src[:shards], dst[:shards], strict=True):
+        ga, gb = pa.gpus[ia], pb.gpus[ib]
+        if pa.node == pb.node:
+            total += snapshot.shape(pa.node).bw[ga][gb] if ga != gb else math.inf
+        elif span_of(snapshot, [pa.node, pb.node]) is Scope.NVLINK:
             total += min(
-                gpu_nvlink_gbps(snapshot.node(na).topology, ga),
-                gpu_nvlink_gbps(snapshot.node(nb).topology, gb),
+                snapshot.shape(pa.node).nvlink_gbps[ga], snapshot.shape(pb.node).nvlink_gbps[gb]
             )
         else:
-            total += min(src_nic[(na, ga)], dst_nic[(nb, gb)])
+            total += min(pa.choice.nic_gbps[ia], pb.choice.nic_gbps[ib])
     return total
 
 
-def _nic_shares(snapshot: ClusterSnapshot, replica: Replica) -> dict[tuple[str, int], float]:
-    by_node: dict[str, list[int]] = {}
-    for node, g in replica:
-        by_node.setdefault(node, []).append(g)
-    out: dict[tuple[str, int], float] = {}
-    for node, gpus in by_node.items():
-        for g, (gbps, _) in nic_share_gbps(snapshot.node(node).topology, gpus).items():
-            out[(node, g)] = gbps
-    return out
+def edge_pairs(edge: Edge, sources: int, targets: int) -> Iterable[tuple[int, int]]:
+    """The (source replica, target replica) pairs an edge joins."""
+    if edge.pairing is Pairing.ONE_TO_ONE:
+        return ((i, i) for i in range(min(sources, targets)))
+    return ((i, j) for i in range(sources) for j in range(targets))
 
 
 def predict(
     snapshot: ClusterSnapshot, request: PlacementRequest, pods: Sequence[PodPlacement]
 ) -> Prediction:
     """The prediction for a whole placement (every group and edge)."""
-    replicas = replicas_of(pods)
+    replicas = {key: parts_of(snapshot, ps) for key, ps in replicas_of(pods).items()}
     groups: list[GroupPrediction] = []
     total = 0.0
     for group in request.groups:
-        worst: tuple[float, float, str, Scope] | None = None
+        worst: ReplicaFigures | None = None
         for r in range(group.replicas):
-            rep = replicas.get((group.name, r))
-            if rep is None:
+            parts = replicas.get((group.name, r))
+            if parts is None:
                 continue
-            figures = predict_replica(snapshot, group, rep)
-            if worst is None or figures[1] > worst[1]:
+            figures = replica_figures(snapshot, group, parts)
+            if worst is None or figures.seconds > worst.seconds:
                 worst = figures
         if worst is None:
             continue
-        bus, seconds, bottleneck, span = worst
-        total += seconds
+        total += worst.seconds
         groups.append(
-            GroupPrediction(group.name, bus, seconds, bottleneck, span, group.message_bytes)
+            GroupPrediction(
+                group.name,
+                worst.bus_gbps,
+                worst.seconds,
+                worst.bottleneck,
+                worst.span,
+                group.message_bytes,
+            )
         )
     edges: list[EdgePrediction] = []
     for edge in request.edges:
         src, dst = request.group(edge.source), request.group(edge.target)
         worst_gbps = math.inf
-        for i, j in _edge_pairs(edge, src.replicas, dst.replicas):
+        for i, j in edge_pairs(edge, src.replicas, dst.replicas):
             a, b = replicas.get((src.name, i)), replicas.get((dst.name, j))
             if a is None or b is None:
                 continue
-            worst_gbps = min(worst_gbps, predict_edge(snapshot, a, b))
+            worst_gbps = min(worst_gbps, edge_gbps(snapshot, a, b))
         size = edge.transfer_bytes
         seconds = cost.transfer_seconds(size_bytes=size, gbps=worst_gbps) if size else 0.0
         total += seconds
@@ -215,17 +273,6 @@ def predict(
         )
     bottleneck_gbps = min((g.bus_gbps for g in groups), default=math.inf)
     return Prediction(tuple(groups), tuple(edges), total, bottleneck_gbps)
-
-
-def _edge_pairs(edge: Edge, sources: int, targets: int) -> Iterable[tuple[int, int]]:
-    if edge.pairing is Pairing.ONE_TO_ONE:
-        return ((i, i) for i in range(min(sources, targets)))
-    return ((i, j) for i in range(sources) for j in range(targets))
-
-
-def _weakest_kind(topology: NodeTopology, gpus: Sequence[int]) -> LinkKind:
-    kinds = [pair_kind(topology, a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
-    return max(kinds, default=LinkKind.NVLINK)
 
 
 def _kind_name(kind: LinkKind) -> str:

@@ -213,3 +213,146 @@ def test_invalid_requests_are_rejected_before_placing() -> None:
             snapshot([nvswitch_node("a")]),
             PlacementRequest(groups=(Group(name="g", gpus_per_pod=0),)),
         )
+
+
+# --- what the cost-aware policy gets right that count-only placement does not -------------------
+
+
+def _machine(profile: str, name: str, **fabric: Any) -> Any:
+    from dataclasses import replace
+
+    from gputopo.machines import load_machine
+    from gputopo.topology import FabricPosition
+
+    return replace(load_machine(profile, node_name=name), fabric=FabricPosition(**fabric))
+
+
+def test_prefill_and_decode_share_a_root_complex_pairwise_not_all_prefill_on_one() -> None:
+    # dynamo#10171: lowest-index-first put both prefill pods under PCI root 0 and the KV path
+    # crossed the CPU. Here each prefill TP-2 sits under the same root complex as its decode.
+    snap = snapshot([_machine("pcie-h100-nvlbridge-8x", "p1")])
+    data = {
+        "groups": [
+            {"name": "prefill", "replicas": 2, "gpus_per_pod": 2},
+            {"name": "decode", "replicas": 2, "gpus_per_pod": 2},
+        ],
+        "edges": [{"from": "prefill", "to": "decode", "min_gbps": 80, "pairing": "one_to_one"}],
+    }
+    ours = decide(snap, data)
+    assert ours.placed
+    numa = snap.node("p1").topology.gpus
+    for r in range(2):
+        pair = [p for p in ours.pods if p.replica == r]
+        assert len({numa[g].numa_node for p in pair for g in p.gpus}) == 1
+    prefill_numa = {numa[p.gpus[0]].numa_node for p in ours.pods if p.group == "prefill"}
+    assert len(prefill_numa) == 2  # the two prefills on different root complexes
+    for baseline in ("default", "first-fit", "kueue-bestfit"):
+        theirs = decide(snap, data, baseline)
+        assert theirs.prediction is not None
+        assert not theirs.prediction.edges[0].satisfied, baseline
+
+
+def test_a_gang_pod_takes_gpus_on_distinct_nics_on_its_numa_node() -> None:
+    # p4d: GPU pairs share a NIC (0,1 -> NIC0; 2,3 -> NIC1). With 3 GPUs free per node the gang
+    # must leave the node; its two GPUs per node should not queue on one NIC.
+    nodes = [_machine("p4d-a100", f"p{i}", tiers=("l", "s")) for i in range(2)]
+    snap = snapshot(nodes, used={"p0": range(3, 8), "p1": range(3, 8)})
+    result = decide(snap, {"groups": [{"name": "g", "pods": 2, "gpus_per_pod": 2}]})
+    assert result.placed
+    assert len({p.node for p in result.pods}) == 2
+    topo = nodes[0]
+    for pod in result.pods:
+        assert len({topo.nearest_nics(g)[0] for g in pod.gpus}) == 2, pod
+        assert len({topo.gpus[g].numa_node for g in pod.gpus}) == 1
+    baseline = decide(snap, {"groups": [{"name": "g", "pods": 2, "gpus_per_pod": 2}]}, "first-fit")
+    assert baseline.prediction is not None
+    assert result.prediction is not None
+    assert result.prediction.communication_seconds < baseline.prediction.communication_seconds
+
+
+def test_ranks_follow_nvlink_on_a_hybrid_cube_mesh() -> None:
+    # DGX-1: not every GPU pair has NVLink. A TP-4 in rank order must hop over NVLink only.
+    snap = snapshot([_machine("dgx1-v100", "v")])
+    result = decide(snap, {"groups": [{"name": "tp", "gpus_per_pod": 4, "pattern": "pipeline"}]})
+    gpus = result.pods[0].gpus
+    topo = snap.node("v").topology
+    hops = [topo.gpu_link(a, b) for a, b in zip(gpus, gpus[1:] + gpus[:1], strict=True)]
+    assert all(h is not None and h.kind.name == "NVLINK" for h in hops), gpus
+
+
+def test_small_jobs_keep_the_whole_nvl72_rack_free_for_the_next_big_one() -> None:
+    rack_a = [
+        nvswitch_node(f"a{i}", gpus=4, nics=4, generation=5, tiers=("l", "s"), domain="rack-a")
+        for i in range(4)
+    ]
+    rack_b = [
+        nvswitch_node(f"b{i}", gpus=4, nics=4, generation=5, tiers=("l", "s"), domain="rack-b")
+        for i in range(4)
+    ]
+    snap = snapshot(rack_a + rack_b, used={"a0": [0, 1], "a1": [0, 1, 2, 3]})
+    result = decide(snap, {"groups": [{"name": "tp", "gpus_per_pod": 4}]})
+    assert result.pods[0].node.startswith("a")  # rack b stays whole
+    pair = decide(snap, {"groups": [{"name": "tp", "gpus_per_pod": 2}]})
+    assert pair.pods[0].node == "a0"  # and a broken tray is filled before a whole one
+
+
+def test_a_degraded_nvlink_node_loses_to_a_healthy_one() -> None:
+    from dataclasses import replace
+
+    from gputopo.links import LinkHealth
+
+    sick = nvswitch_node("sick")
+    links = tuple(
+        replace(lk, health=LinkHealth.DEGRADED, nominal_gbps=lk.nominal_gbps / 3)
+        if lk.kind.name == "NVLINK" and 0 in (lk.a.index, lk.b.index)
+        else lk
+        for lk in sick.links
+    )
+    snap = snapshot([replace(sick, links=links), nvswitch_node("well")])
+    result = decide(snap, {"groups": [{"name": "tp", "gpus_per_pod": 8}]})
+    assert result.pods[0].node == "well"
+
+
+def test_a_multi_node_gang_takes_whole_nodes_and_the_same_gpus_on_each() -> None:
+    nodes = [nvswitch_node(f"n{i}", tiers=("l", "s")) for i in range(4)]
+    snap = snapshot(nodes, used={"n0": [0], "n1": [0, 1, 2, 3]})
+    whole = decide(snap, {"groups": [{"name": "g", "pods": 2, "gpus_per_pod": 8}]})
+    assert sorted(p.node for p in whole.pods) == ["n2", "n3"]
+    # Only n0 (4 free) and n1 (6 free) have room: one pod each, on the same GPU indices, so
+    # local rank k talks to local rank k over the same NIC rail on both nodes.
+    snap = snapshot(nodes, used={"n0": [4, 5, 6, 7], "n1": [6, 7], "n2": range(8), "n3": range(8)})
+    halves = decide(snap, {"groups": [{"name": "g", "pods": 2, "gpus_per_pod": 4}]})
+    assert sorted(p.node for p in halves.pods) == ["n0", "n1"]
+    assert len({p.gpus for p in halves.pods}) == 1, halves.pods
+
+
+def test_a_refusal_explains_every_domain_it_tried() -> None:
+    nodes = [nvswitch_node(f"a{i}", tiers=("la", "s")) for i in range(2)]
+    nodes += [nvswitch_node(f"b{i}", tiers=("lb", "s")) for i in range(4)]
+    snap = snapshot(nodes, used={"b0": [0], "b1": [0], "b2": [0], "b3": [0]})
+    result = decide(
+        snap,
+        {"scope": {"required": "leaf"}, "groups": [{"name": "g", "pods": 3, "gpus_per_pod": 8}]},
+    )
+    assert not result.placed
+    codes = {r.domain: r.code for r in result.rejections}
+    assert codes["leaf/s/la"] == "insufficient_gpus"
+    assert codes["leaf/s/lb"] == "fragmented"  # 28 free, but no node has 8
+    assert "leaf/s/lb" in result.reason or "fragmented" in result.reason
+
+
+def test_a_rack_straddling_two_leaves_still_gives_nvlink_within_the_required_leaf() -> None:
+    # Trays of one NVL72 rack hang off two leaves. A gang that must stay in one leaf cannot use
+    # the whole rack, but the rack's trays inside one leaf still talk over NVLink.
+    trays = [
+        nvswitch_node(f"t{i}", gpus=4, nics=4, generation=5, tiers=(leaf, "s"), domain="rack")
+        for i, leaf in enumerate(["la", "lb", "lb"])
+    ]
+    snap = snapshot([nvswitch_node("h", tiers=("la", "s")), *trays])
+    result = decide(
+        snap,
+        {"scope": {"required": "leaf"}, "groups": [{"name": "g", "pods": 2, "gpus_per_pod": 4}]},
+    )
+    assert sorted(p.node for p in result.pods) == ["t1", "t2"]
+    assert result.prediction is not None
+    assert result.prediction.groups[0].bottleneck == "NVLink"

@@ -1,0 +1,255 @@
+"""The placement API over HTTP: a JSON mirror of the gRPC service, and kube-scheduler extender
+endpoints, so clients without gRPC and an unmodified kube-scheduler can use the engine.
+
+JSON mirror (bodies and answers are the gRPC messages in protobuf's JSON mapping, field names as
+in placement.proto; errors are `{"error": ..., "code": "INVALID_ARGUMENT" | "NOT_FOUND"}` with
+status 400 or 404):
+
+    POST /api/v1/placement/place    PlaceRequest   -> PlaceResponse
+    POST /api/v1/placement/commit   CommitRequest  -> CommitResponse
+    POST /api/v1/placement/release  ReleaseRequest -> ReleaseResponse
+    POST /api/v1/placement/explain  ExplainRequest -> PlaceResponse
+
+kube-scheduler extender (`extenders` in the KubeSchedulerConfiguration, `urlPrefix:
+http://<aggregator>/scheduler`, `filterVerb: filter`, `prioritizeVerb: prioritize`,
+`managedResources: [{name: nvidia.com/gpu}]`, `nodeCacheCapable` either way):
+
+    POST /scheduler/filter      ExtenderArgs -> ExtenderFilterResult
+    POST /scheduler/prioritize  ExtenderArgs -> HostPriorityList
+
+A pod's GPU count is the sum of its containers' `nvidia.com/gpu` limits (requests when no
+limit). Annotations steer it:
+
+- `gputopo.io/reservation: <id>`: the pod belongs to a placement reserved through Place; only
+  the node(s) that placement chose pass the filter (`gputopo.io/group`, `gputopo.io/replica`
+  and `gputopo.io/pod` narrow it to one pod's node);
+- `gputopo.io/scope: nvlink`: the pod's GPUs must share one NVLink island;
+- `gputopo.io/pattern`, `gputopo.io/message-bytes`: the collective to predict (default
+  all-reduce of 256 MiB).
+
+Without a reservation each node is judged on its own (`gputopo.placement.pernode`): fit, the
+predicted collective on its best free GPUs, and damage to whole free nodes and domains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import grpc
+from aiohttp import web
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from aggregator.service import PlacementError, PlacementService
+from gputopo.placement.pernode import fit_on_nodes, scores
+from gputopo.request import DEFAULT_MESSAGE_BYTES, Group, Pattern
+from gputopo.v1 import placement_pb2 as ppb
+
+__all__ = ["GPU_RESOURCE", "add_placement_routes"]
+
+GPU_RESOURCE = "nvidia.com/gpu"
+_ANNOTATION = "gputopo.io/"
+
+_HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+}
+
+
+def _to_json(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+
+
+def _error(status: grpc.StatusCode, message: str) -> web.Response:
+    return web.json_response(
+        {"error": message, "code": status.name}, status=_HTTP_STATUS.get(status, 500)
+    )
+
+
+def _mirror(
+    handler: Callable[[Any], Message], message_type: type[Message]
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """An aiohttp handler that parses `message_type` from JSON, calls `handler`, answers JSON."""
+
+    async def serve(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError as err:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body: not JSON ({err})")
+        try:
+            msg = json_format.ParseDict(body, message_type())
+        except json_format.ParseError as err:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body: {err}")
+        try:
+            return web.json_response(_to_json(handler(msg)))
+        except PlacementError as err:
+            return _error(err.status, err.message)
+
+    return serve
+
+
+class _Extender:
+    """kube-scheduler extender verbs over the service's cluster state."""
+
+    def __init__(self, service: PlacementService) -> None:
+        self._service = service
+
+    async def filter(self, request: web.Request) -> web.Response:
+        args = await _extender_args(request)
+        if isinstance(args, web.Response):
+            return args
+        pod, names, nodes_obj = args
+        verdicts = self._judge(pod, names)
+        passed = [n for n in names if verdicts[n] == ""]
+        failed = {n: why for n, why in verdicts.items() if why}
+        result: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": {}}
+        result["Error"] = ""
+        if nodes_obj is not None:
+            keep = set(passed)
+            items = [i for i in nodes_obj.get("items") or [] if _node_name(i) in keep]
+            result["Nodes"] = {**nodes_obj, "items": items}
+            result["NodeNames"] = None
+        else:
+            result["Nodes"] = None
+            result["NodeNames"] = passed
+        return web.json_response(result)
+
+    async def prioritize(self, request: web.Request) -> web.Response:
+        args = await _extender_args(request)
+        if isinstance(args, web.Response):
+            return args
+        pod, names, _ = args
+        gpus = _pod_gpus(pod)
+        annotations = _annotations(pod)
+        pinned = self._reserved_nodes(annotations)
+        if gpus == 0:
+            points: Mapping[str, int] = {}
+        elif pinned is not None:
+            points = {n: 10 for n in names if n in pinned}
+        else:
+            snapshot = self._service.state.snapshot()
+            fits = fit_on_nodes(
+                snapshot, names, _group(annotations, gpus), island=_island(annotations)
+            )
+            points = scores(fits)
+        return web.json_response([{"Host": n, "Score": points.get(n, 0)} for n in names])
+
+    def _judge(self, pod: Mapping[str, Any], names: list[str]) -> dict[str, str]:
+        """Node -> "" when the pod may go there, else the reason it may not."""
+        gpus = _pod_gpus(pod)
+        annotations = _annotations(pod)
+        if gpus == 0:
+            return dict.fromkeys(names, "")
+        pinned = self._reserved_nodes(annotations)
+        if pinned is not None:
+            rid = annotations.get(_ANNOTATION + "reservation", "")
+            why = (
+                f"reservation {rid} placed this pod elsewhere"
+                if pinned
+                else f"reservation {rid} is unknown, released or expired"
+            )
+            return {n: "" if n in pinned else why for n in names}
+        snapshot = self._service.state.snapshot()
+        fits = fit_on_nodes(snapshot, names, _group(annotations, gpus), island=_island(annotations))
+        return {f.node: "" if f.fits else f.reason for f in fits}
+
+    def _reserved_nodes(self, annotations: Mapping[str, str]) -> set[str] | None:
+        """The nodes a pod's reservation chose for it (None when it names none; empty when the
+        reservation is unknown or expired, so the pod waits rather than lands anywhere)."""
+        rid = annotations.get(_ANNOTATION + "reservation")
+        if not rid:
+            return None
+        res = self._service.state.reservation(rid)
+        if res is None or res.result is None:
+            return set()
+        want = {k: annotations.get(_ANNOTATION + k) for k in ("group", "replica", "pod")}
+        out = set()
+        for p in res.result.pods:
+            if want["group"] is not None and p.group != want["group"]:
+                continue
+            if want["replica"] is not None and str(p.replica) != want["replica"]:
+                continue
+            if want["pod"] is not None and str(p.pod) != want["pod"]:
+                continue
+            out.add(p.node)
+        return out
+
+
+async def _extender_args(
+    request: web.Request,
+) -> tuple[Mapping[str, Any], list[str], dict[str, Any] | None] | web.Response:
+    try:
+        body = await request.json()
+    except ValueError as err:
+        return web.json_response({"Error": f"body: not JSON ({err})"}, status=400)
+    if not isinstance(body, dict) or not isinstance(body.get("Pod"), dict):
+        return web.json_response({"Error": "body: ExtenderArgs with a Pod expected"}, status=400)
+    nodes_obj = body.get("Nodes")
+    if isinstance(body.get("NodeNames"), list):
+        names = [str(n) for n in body["NodeNames"]]
+        nodes_obj = None
+    elif isinstance(nodes_obj, dict):
+        names = [_node_name(i) for i in nodes_obj.get("items") or []]
+    else:
+        return web.json_response({"Error": "body: Nodes or NodeNames expected"}, status=400)
+    return body["Pod"], names, nodes_obj
+
+
+def _node_name(item: Mapping[str, Any]) -> str:
+    return str((item.get("metadata") or {}).get("name", ""))
+
+
+def _annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    found = (pod.get("metadata") or {}).get("annotations") or {}
+    return {str(k): str(v) for k, v in found.items()}
+
+
+def _pod_gpus(pod: Mapping[str, Any]) -> int:
+    """GPUs the pod's containers ask for (limits, else requests); init containers' maximum
+    counts as Kubernetes counts it."""
+    spec = pod.get("spec") or {}
+
+    def ask(container: Mapping[str, Any]) -> int:
+        res = container.get("resources") or {}
+        value = (res.get("limits") or {}).get(GPU_RESOURCE)
+        if value is None:
+            value = (res.get("requests") or {}).get(GPU_RESOURCE, 0)
+        try:
+            return int(str(value))
+        except ValueError:
+            return 0
+
+    main = sum(ask(c) for c in spec.get("containers") or [])
+    init = max((ask(c) for c in spec.get("initContainers") or []), default=0)
+    return max(main, init)
+
+
+def _island(annotations: Mapping[str, str]) -> bool:
+    return annotations.get(_ANNOTATION + "scope", "").strip().lower() in ("nvlink", "nvlink_domain")
+
+
+def _group(annotations: Mapping[str, str], gpus: int) -> Group:
+    pattern = Pattern.ALL_REDUCE
+    text = annotations.get(_ANNOTATION + "pattern", "").strip().lower().replace("-", "_")
+    for p in Pattern:
+        if p.value == text:
+            pattern = p
+    try:
+        size = int(annotations.get(_ANNOTATION + "message-bytes", DEFAULT_MESSAGE_BYTES))
+    except ValueError:
+        size = DEFAULT_MESSAGE_BYTES
+    return Group("pod", gpus_per_pod=gpus, pattern=pattern, message_bytes=max(size, 0))
+
+
+def add_placement_routes(app: web.Application, service: PlacementService) -> None:
+    """Serve the JSON mirror and the extender verbs from `app` (see the module docstring)."""
+    app.router.add_post("/api/v1/placement/place", _mirror(service.place, ppb.PlaceRequest))
+    app.router.add_post("/api/v1/placement/commit", _mirror(service.commit, ppb.CommitRequest))
+    app.router.add_post("/api/v1/placement/release", _mirror(service.release, ppb.ReleaseRequest))
+    app.router.add_post("/api/v1/placement/explain", _mirror(service.explain, ppb.ExplainRequest))
+    extender = _Extender(service)
+    app.router.add_post("/scheduler/filter", extender.filter)
+    app.router.add_post("/scheduler/prioritize", extender.prioritize)

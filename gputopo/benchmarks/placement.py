@@ -1,0 +1,589 @@
+"""`gputopo bench placement`: decision latency, placement quality and fragmentation of every
+placement policy, side by side on the same states.
+
+1. Latency. For each layout (`scenarios.LAYOUTS`: DGX H100 racks, NVL72 racks, a mixed cluster
+   with PCIe servers) and size (1k, 10k, 100k GPUs), the cluster is half occupied by the trace
+   job mix (`scenarios.Occupancy`); each sample churns it (one job ends, one starts) and then
+   times every policy on that same snapshot, for each request shape: `tp8` (8 GPUs in one
+   NVLink domain: one 8-GPU pod, or two 4-GPU pods on GB200 trays), `gang64` and `gang512`
+   (8-GPU pods, 4-GPU pods on trays; preferred leaf / spine), `pd` (2 prefill + 2 decode TP-4
+   replicas, each prefill handing 3 GB of KV cache to its decode within 10 ms: 300 GB/s).
+   Reported per policy: p50 and p99 of the decision time, how often it placed, how often the
+   placement was *feasible* (placed and every bandwidth need met), and the median predicted
+   communication time of its feasible placements.
+2. `worse_than_kueue`: over every latency sample and quality instance, how often the gputopo
+   policy's predicted time is worse than kueue-bestfit's beyond the tie bucket
+   (`cost.TIME_BUCKET_RATIO`), both feasible; and how often kueue-bestfit was feasible where
+   gputopo did not place at all.
+3. `quality_vs_optimal`: on random small instances (2-4 recorded machines, random busy GPUs;
+   TP-2, TP-4, two TP-2 replicas, gangs of 2-3 pods, all-reduce, all-to-all or pipeline, and a
+   prefill/decode pair with a KV deadline) where
+   `placement.exhaustive` can try every placement, each policy's predicted time over the optimum:
+   mean and max over its feasible answers, and how many feasible instances it left unplaced or
+   placed infeasibly.
+   `snapshot`: per cluster, deriving a snapshot after one node's GPUs change (`with_free`, its
+   indexes included) against rebuilding it with its indexes, median of 20 and one rebuild.
+4. Fragmentation: an empty cluster (`--fragmentation-gpus`) gets the same mixed burst of trace
+   jobs, in the same order, from every policy: arrivals until three times the capacity was
+   asked for, each job leaving after a random number of later arrivals (the same for every
+   policy). Reported: refused jobs, refused jobs although enough GPUs were free (refusals the
+   fragmentation caused), the mean share of GPUs allocated, and at the end `fragmentation` =
+   the share of free GPUs stranded on partly used nodes (0 = all free capacity is whole nodes),
+   whole free nodes and whole free leaves (NVL72 racks).
+
+A baseline placement that misses a bandwidth need counts as not feasible: it is in `placed`
+but not in `feasible`, and its predicted time (which would not include the missed deadline)
+is left out of the medians, of `worse_than_kueue` and of `quality_vs_optimal`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+HELP = "placement latency, quality vs optimal and fragmentation, every policy side by side"
+
+SHAPES = ("tp8", "gang64", "gang512", "pd")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of the benchmark."""
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument(
+        "--sizes", default="1000,10000,100000", help="cluster sizes in GPUs (comma separated)"
+    )
+    parser.add_argument(
+        "--layouts", default="dgx-h100,nvl72,mixed", help="cluster layouts (comma separated)"
+    )
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="request shapes")
+    parser.add_argument(
+        "--samples",
+        default="40,20,8",
+        help="latency samples per size, in the order of --sizes (the last repeats)",
+    )
+    parser.add_argument(
+        "--quality-instances", type=int, default=40, help="small instances solved exhaustively"
+    )
+    parser.add_argument(
+        "--fragmentation-gpus", type=int, default=1000, help="cluster size of the burst (0: skip)"
+    )
+    parser.add_argument("--seed", type=int, default=7, help="random seed")
+
+
+@dataclass
+class _Cell:
+    """Samples of one policy on one (layout, size, shape)."""
+
+    ms: list[float] = field(default_factory=list)
+    predicted: list[float] = field(default_factory=list)
+    placed: int = 0
+    feasible: int = 0
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _request(shape: str, per_pod: int) -> Any:
+    from gputopo.request import request_from_mapping
+
+    tray = per_pod < 8
+    data: dict[str, Any]
+    if shape == "tp8":
+        pods, per = (2, 4) if tray else (1, 8)
+        data = {
+            "job": "tp8",
+            "groups": [
+                {"name": "tp", "pods": pods, "gpus_per_pod": per, "scope": {"required": "nvlink"}}
+            ],
+        }
+    elif shape in ("gang64", "gang512"):
+        gpus = 64 if shape == "gang64" else 512
+        per = 4 if tray else 8
+        data = {
+            "job": shape,
+            "scope": {"preferred": "leaf" if gpus == 64 else "spine"},
+            "groups": [{"name": "train", "pods": gpus // per, "gpus_per_pod": per}],
+        }
+    elif shape == "pd":
+        data = {
+            "job": "pd",
+            "groups": [
+                {"name": "prefill", "replicas": 2, "gpus_per_pod": 4},
+                {"name": "decode", "replicas": 2, "gpus_per_pod": 4},
+            ],
+            "edges": [
+                {
+                    "from": "prefill",
+                    "to": "decode",
+                    "transfer_bytes": 3_000_000_000,
+                    "max_transfer_seconds": 0.01,
+                    "pairing": "one_to_one",
+                }
+            ],
+        }
+    else:
+        raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+    return request_from_mapping(data)
+
+
+def _feasible(result: Any) -> bool:
+    return bool(
+        result.placed
+        and result.prediction is not None
+        and all(e.satisfied for e in result.prediction.edges)
+    )
+
+
+def _seconds(result: Any) -> float:
+    """Predicted communication seconds of a feasible result."""
+    assert result.prediction is not None
+    return float(result.prediction.communication_seconds)
+
+
+class _Worse:
+    """gputopo against kueue-bestfit on every instance."""
+
+    def __init__(self) -> None:
+        self.compared = 0
+        self.worse = 0
+        self.unplaced = 0
+        self.examples: list[str] = []
+
+    def add(self, where: str, ours: Any, kueue: Any) -> None:
+        from gputopo import cost
+
+        if not _feasible(kueue):
+            return
+        if not _feasible(ours):
+            self.unplaced += 1
+            self.examples.append(f"{where}: gputopo unplaced ({ours.reason[:80]})")
+            return
+        self.compared += 1
+        a = cost.time_bucket(ours.prediction.communication_seconds)
+        b = cost.time_bucket(kueue.prediction.communication_seconds)
+        if a > b:
+            self.worse += 1
+            self.examples.append(
+                f"{where}: {ours.prediction.communication_seconds * 1e3:.3f} ms vs kueue "
+                f"{kueue.prediction.communication_seconds * 1e3:.3f} ms"
+            )
+
+
+def _snapshot_costs(layout: str, snapshot: Any, seed: int) -> dict[str, Any]:
+    """Deriving a snapshot after a reservation (`with_free`, indexes included) against building
+    one with its indexes from scratch, on the same cluster: the incremental path's gain."""
+    from gputopo.cluster import ClusterSnapshot
+    from gputopo.request import Scope
+
+    rng = random.Random(seed)
+    names = sorted(snapshot.nodes)
+    snapshot = snapshot.indexed()  # as after its first placement
+    derive = []
+    for _ in range(20):
+        name = names[rng.randrange(len(names))]
+        free = snapshot.node(name).free
+        changed = frozenset(sorted(free)[1:]) if free else frozenset({0})
+        started = time.perf_counter()
+        derived = snapshot.with_free({name: changed})
+        derived.free_domains(Scope.LEAF)  # the index is derived eagerly; touch it anyway
+        derive.append((time.perf_counter() - started) * 1e3)
+    started = time.perf_counter()
+    ClusterSnapshot(snapshot.nodes.values()).indexed()
+    rebuild = (time.perf_counter() - started) * 1e3
+    return {
+        "layout": layout,
+        "gpus": snapshot.total_gpus,
+        "derive_ms_p50": round(statistics.median(derive), 3),
+        "rebuild_ms": round(rebuild, 1),
+        "rebuild_over_derive": round(rebuild / statistics.median(derive), 1),
+    }
+
+
+def _latency(
+    args: argparse.Namespace, worse: _Worse, log: Any, snapshots: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    from gputopo.placement import POLICIES, place
+    from gputopo.placement.scenarios import Occupancy, build_nodes, empty_snapshot
+
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    samples = [int(s) for s in args.samples.split(",") if s]
+    shapes = [s for s in args.shapes.split(",") if s]
+    rows: list[dict[str, Any]] = []
+    for layout in [s for s in args.layouts.split(",") if s]:
+        for i, size in enumerate(sizes):
+            count = samples[min(i, len(samples) - 1)]
+            started = time.perf_counter()
+            nodes = build_nodes(layout, size)
+            occupancy = Occupancy(empty_snapshot(nodes), seed=args.seed + i)
+            snapshot = occupancy.fill(0.5)
+            per_pod = max(t.gpu_count for t in nodes)
+            snapshots.append(_snapshot_costs(layout, snapshot, args.seed + i))
+            print(
+                f"{layout} {snapshot.total_gpus} GPUs on {len(nodes)} nodes, "
+                f"{100 - 100 * snapshot.free_gpus / snapshot.total_gpus:.0f}% busy "
+                f"({time.perf_counter() - started:.1f} s to build)",
+                file=log,
+            )
+            for shape in shapes:
+                request = _request(shape, per_pod)
+                cells = {name: _Cell() for name in POLICIES}
+                for k in range(count):
+                    snap = occupancy.churn()
+                    results = {}
+                    for name in POLICIES:
+                        result, seconds = place(snap, request, policy=name)
+                        cell = cells[name]
+                        cell.ms.append(seconds * 1e3)
+                        cell.placed += result.placed
+                        if _feasible(result):
+                            cell.feasible += 1
+                            cell.predicted.append(_seconds(result) * 1e3)
+                        results[name] = result
+                    worse.add(
+                        f"{layout}/{size}/{shape}#{k}", results["gputopo"], results["kueue-bestfit"]
+                    )
+                for name, cell in cells.items():
+                    rows.append(
+                        {
+                            "layout": layout,
+                            "gpus": snapshot.total_gpus,
+                            "nodes": len(nodes),
+                            "shape": shape,
+                            "policy": name,
+                            "samples": count,
+                            "p50_ms": round(statistics.median(cell.ms), 3),
+                            "p99_ms": round(_percentile(cell.ms, 99), 3),
+                            "placed": cell.placed,
+                            "feasible": cell.feasible,
+                            "predicted_ms_p50": round(statistics.median(cell.predicted), 4)
+                            if cell.predicted
+                            else None,
+                        }
+                    )
+                ours = next(r for r in rows[-len(cells) :] if r["policy"] == "gputopo")
+                print(
+                    f"  {shape:8} gputopo p50 {ours['p50_ms']:.2f} ms p99 {ours['p99_ms']:.2f} ms",
+                    file=log,
+                )
+    return rows
+
+
+# --- quality against the exhaustive optimum ---------------------------------------------------
+
+_SMALL_PROFILES = (
+    "dgx-h100",
+    "hgx-a100-roce",
+    "pcie-h100-nvlbridge-8x",
+    "dgx1-v100",
+    "g5-a10g-8x",
+    "h100-nv6-4x",
+    "ndv4-a100",
+)
+
+
+def _small_instance(rng: random.Random) -> tuple[Any, Any]:
+    from dataclasses import replace
+
+    from gputopo.cluster import ClusterSnapshot, NodeState
+    from gputopo.machines import load_machine
+    from gputopo.request import request_from_mapping
+    from gputopo.topology import FabricPosition
+
+    nodes = []
+    for i in range(rng.choice([2, 3, 4])):
+        topo = load_machine(rng.choice(_SMALL_PROFILES), node_name=f"n{i}")
+        topo = replace(topo, fabric=FabricPosition(tiers=(f"leaf-{rng.randrange(2)}", "spine")))
+        busy = {g for g in range(topo.gpu_count) if rng.random() < 0.55}
+        nodes.append(NodeState(topo, frozenset(range(topo.gpu_count)) - busy))
+    snapshot = ClusterSnapshot(nodes)
+    pattern = rng.choice(["all_reduce", "all_reduce", "all_to_all", "pipeline"])
+    kind = rng.choice(["tp2", "tp4", "2xtp2", "gang2x2", "gang3x1", "gang2x4", "pd"])
+    data: dict[str, Any]
+    if kind in ("tp2", "tp4"):
+        data = {"groups": [{"name": "tp", "gpus_per_pod": int(kind[2]), "pattern": pattern}]}
+    elif kind == "2xtp2":
+        data = {"groups": [{"name": "tp", "replicas": 2, "gpus_per_pod": 2, "pattern": pattern}]}
+    elif kind.startswith("gang"):
+        pods, per = int(kind[4]), int(kind[-1])
+        data = {"groups": [{"name": "g", "pods": pods, "gpus_per_pod": per, "pattern": pattern}]}
+    else:
+        data = {
+            "groups": [
+                {"name": "prefill", "gpus_per_pod": 2},
+                {"name": "decode", "gpus_per_pod": 2},
+            ],
+            "edges": [
+                {
+                    "from": "prefill",
+                    "to": "decode",
+                    "transfer_bytes": 500_000_000,
+                    "max_transfer_seconds": 0.01,
+                }
+            ],
+        }
+    return snapshot, request_from_mapping(data)
+
+
+def _quality(args: argparse.Namespace, worse: _Worse, log: Any) -> dict[str, Any]:
+    from gputopo.placement import POLICIES, place
+    from gputopo.placement.exhaustive import TooLargeError, optimum
+
+    rng = random.Random(args.seed)
+    ratios: dict[str, list[float]] = {name: [] for name in POLICIES}
+    missed: dict[str, int] = dict.fromkeys(POLICIES, 0)
+    solved = skipped = infeasible = 0
+    attempts = 0
+    while solved < args.quality_instances and attempts < args.quality_instances * 20:
+        attempts += 1
+        snapshot, request = _small_instance(rng)
+        try:
+            best = optimum(snapshot, request, max_trials=20_000)
+        except TooLargeError:
+            skipped += 1
+            continue
+        if best.valid == 0:
+            infeasible += 1
+            continue
+        if best.seconds <= 0:
+            skipped += 1
+            continue
+        solved += 1
+        results = {}
+        for name in POLICIES:
+            result, _ = place(snapshot, request, policy=name)
+            results[name] = result
+            if _feasible(result):
+                ratios[name].append(_seconds(result) / best.seconds)
+            else:
+                missed[name] += 1
+        worse.add(f"small#{attempts}", results["gputopo"], results["kueue-bestfit"])
+    print(
+        f"quality: {solved} instances solved exhaustively ({skipped} too large or trivial, "
+        f"{infeasible} with no valid placement)",
+        file=log,
+    )
+    return {
+        "instances": solved,
+        "policies": {
+            name: {
+                "mean": round(statistics.fmean(r), 4) if r else None,
+                "max": round(max(r), 4) if r else None,
+                "feasible": len(r),
+                "not_feasible": missed[name],
+            }
+            for name, r in ratios.items()
+        },
+    }
+
+
+# --- fragmentation after a burst --------------------------------------------------------------
+
+
+def _fragmentation(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
+    from gputopo.placement import POLICIES, place
+    from gputopo.placement.scenarios import build_nodes, empty_snapshot, sample_job
+    from gputopo.request import Scope, request_from_mapping
+
+    rows = []
+    for layout in [s for s in args.layouts.split(",") if s]:
+        nodes = build_nodes(layout, args.fragmentation_gpus)
+        per_node = max(t.gpu_count for t in nodes)
+        rng = random.Random(args.seed)
+        base = empty_snapshot(nodes)
+        # Arrivals until three times the capacity was asked for; each job leaves after a random
+        # number of later arrivals (mean: 40 % of them), so free space keeps opening up in
+        # the middle of used space, as in a real cluster.
+        jobs: list[Any] = []
+        demand = 0
+        while demand < 3 * base.total_gpus:
+            job = sample_job(rng, node_gpus=per_node)
+            if job.gpus > base.total_gpus // 2:
+                continue  # larger than half the cluster: would only ever queue
+            demand += job.gpus
+            group = {"name": "j", "pods": job.pods, "gpus_per_pod": job.gpus_per_pod}
+            data: dict[str, Any] = {"groups": [group]}
+            if job.pods > 1:
+                data["scope"] = {"preferred": "leaf"}
+            jobs.append(request_from_mapping(data))
+        lifetimes = [1 + int(rng.expovariate(2.5 / len(jobs))) for _ in jobs]
+        for name in POLICIES:
+            snap = base
+            running: list[tuple[int, dict[str, frozenset[int]]]] = []
+            refused = stranded = 0
+            busy_samples = []
+            for t, request in enumerate(jobs):
+                done = [r for r in running if r[0] <= t]
+                if done:
+                    back: dict[str, set[int]] = {}
+                    for _, taken in done:
+                        for n, g in taken.items():
+                            back.setdefault(n, set(snap.node(n).free)).update(g)
+                    snap = snap.with_free({n: frozenset(g) for n, g in back.items()})
+                    running = [r for r in running if r[0] > t]
+                result, _ = place(snap, request, policy=name)
+                if not result.placed:
+                    refused += 1
+                    if snap.free_gpus >= request.total_gpus:
+                        stranded += 1
+                else:
+                    held = dict(result.allocation())
+                    snap = snap.with_free({n: snap.node(n).free - g for n, g in held.items()})
+                    running.append((t + lifetimes[t], held))
+                busy_samples.append(1 - snap.free_gpus / snap.total_gpus)
+            free = snap.free_gpus
+            whole = sum(
+                len(s.free) for s in snap.nodes.values() if len(s.free) == s.topology.gpu_count
+            )
+            cell = Scope.NVLINK if layout == "nvl72" else Scope.LEAF
+            whole_domains = sum(
+                1
+                for d, f in snap.free_domains(cell).items()
+                if f == snap.domain_total(cell, d) and f > 0
+            )
+            rows.append(
+                {
+                    "layout": layout,
+                    "gpus": snap.total_gpus,
+                    "policy": name,
+                    "jobs": len(jobs),
+                    "refused": refused,
+                    "refused_with_enough_free_gpus": stranded,
+                    "mean_allocated_pct": round(100 * statistics.fmean(busy_samples), 1),
+                    "fragmentation": round(1 - whole / free, 3) if free else 0.0,
+                    "whole_free_nodes": sum(
+                        1 for s in snap.nodes.values() if len(s.free) == s.topology.gpu_count
+                    ),
+                    f"whole_free_{'racks' if cell is Scope.NVLINK else 'leaves'}": whole_domains,
+                }
+            )
+        print(f"fragmentation: {layout}, {len(jobs)} arrivals per policy", file=log)
+    return rows
+
+
+def _targets(rows: list[dict[str, Any]], quality: dict[str, Any], worse: _Worse) -> dict[str, Any]:
+    def worst(shape: str, near: int) -> float | None:
+        found = [
+            r["p99_ms"]
+            for r in rows
+            if r["policy"] == "gputopo"
+            and r["shape"] == shape
+            and abs(r["gpus"] - near) < near / 10
+        ]
+        return max(found) if found else None
+
+    out: dict[str, Any] = {}
+    for label, shape, size, limit in (
+        ("tp8_p99_ms_at_10k", "tp8", 10_000, 10.0),
+        ("tp8_p99_ms_at_100k", "tp8", 100_000, 50.0),
+        ("gang512_p99_ms_at_100k", "gang512", 100_000, 100.0),
+    ):
+        value = worst(shape, size)
+        out[label] = {"value": value, "limit": limit, "met": value is not None and value <= limit}
+    mean = quality["policies"].get("gputopo", {}).get("mean")
+    out["quality_vs_optimal_mean"] = {
+        "value": mean,
+        "limit": 1.02,
+        "met": mean is not None and mean <= 1.02,
+    }
+    out["worse_than_kueue"] = {"value": worse.worse, "limit": 0, "met": worse.worse == 0}
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run every part and print the figures."""
+    from gputopo import cost
+
+    log = sys.stderr if args.json else sys.stdout
+    started = time.perf_counter()
+    worse = _Worse()
+    snapshots: list[dict[str, Any]] = []
+    latency = _latency(args, worse, log, snapshots)
+    quality = _quality(args, worse, log) if args.quality_instances > 0 else {"policies": {}}
+    fragmentation = _fragmentation(args, log) if args.fragmentation_gpus > 0 else []
+    speedup = []
+    for r in latency:
+        if r["policy"] != "gputopo":
+            continue
+        other = next(
+            x
+            for x in latency
+            if x["policy"] == "kueue-bestfit"
+            and (x["layout"], x["gpus"], x["shape"]) == (r["layout"], r["gpus"], r["shape"])
+        )
+        speedup.append(
+            {
+                "layout": r["layout"],
+                "gpus": r["gpus"],
+                "shape": r["shape"],
+                "kueue_over_gputopo_p50": round(other["p50_ms"] / r["p50_ms"], 2),
+            }
+        )
+    report = {
+        "benchmark": "placement",
+        "seed": args.seed,
+        "latency": latency,
+        "kueue_over_gputopo_p50": speedup,
+        "snapshot": snapshots,
+        "worse_than_kueue": {
+            "count": worse.worse,
+            "compared": worse.compared,
+            "gputopo_unplaced_where_kueue_feasible": worse.unplaced,
+            "tie_bucket_ratio": cost.TIME_BUCKET_RATIO,
+            "examples": worse.examples[:10],
+        },
+        "quality_vs_optimal": quality,
+        "fragmentation": fragmentation,
+        "targets": _targets(latency, quality, worse),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    _print(report)
+    return 0
+
+
+def _print(report: dict[str, Any]) -> None:
+    print(
+        f"\n{'layout':9} {'GPUs':>6} {'shape':8} {'policy':14} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'feasible':>9} {'predicted ms':>12}"
+    )
+    for r in report["latency"]:
+        pred = "-" if r["predicted_ms_p50"] is None else f"{r['predicted_ms_p50']:.3f}"
+        print(
+            f"{r['layout']:9} {r['gpus']:>6} {r['shape']:8} {r['policy']:14} {r['p50_ms']:>8.2f} "
+            f"{r['p99_ms']:>8.2f} {r['feasible']:>4}/{r['samples']:<4} {pred:>12}"
+        )
+    w = report["worse_than_kueue"]
+    print(
+        f"\nworse_than_kueue: {w['count']} of {w['compared']} "
+        f"(gputopo unplaced where kueue feasible: {w['gputopo_unplaced_where_kueue_feasible']})"
+    )
+    print("quality_vs_optimal:")
+    for name, q in report["quality_vs_optimal"].get("policies", {}).items():
+        print(
+            f"  {name:14} mean {q['mean']} max {q['max']} "
+            f"(feasible {q['feasible']}, not feasible {q['not_feasible']})"
+        )
+    print("fragmentation:")
+    for r in report["fragmentation"]:
+        print(f"  {r}")
+    print("targets:")
+    for k, v in report["targets"].items():
+        print(f"  {k}: {v['value']} (limit {v['limit']}) {'met' if v['met'] else 'NOT met'}")
+    print(f"\n{report['seconds']} s")

@@ -1,0 +1,352 @@
+"""A replica of several pods across nodes: candidate domains, estimates from class counts, and
+the nodes of the winner.
+
+Candidate domains are the multi-node NVLink domains, leaves, spines, ... up to the required
+scope, each kept only if its free GPUs suffice. Each is *estimated* from its class counts alone
+(how many nodes of which class, their cached GPU choices, hence the exact predicted time and node
+damage), then sorted; only the best estimates are turned into concrete nodes (`_pick_nodes`), at
+most `EXACT_PER_SCOPE` per scope. A wider scope is skipped when the best plan so far already
+reaches the optimistic bound of the predicted time (`optimistic_seconds`): a wider domain can
+then only tie on time and lose on span.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gputopo import cost
+from gputopo.cluster import NodeClass
+from gputopo.links import LinkKind
+from gputopo.placement.intranode import NodeChoice, choose
+from gputopo.placement.links import holds, span_of
+from gputopo.placement.objective import WIDTH, damage, key, width
+from gputopo.placement.plans import (
+    Plan,
+    Slot,
+    Tried,
+    cell_terms,
+    label,
+    missed_preferences,
+    node_terms,
+    pods_on,
+)
+from gputopo.placement.predict import collective_seconds
+from gputopo.placement.view import View
+from gputopo.request import Group, Scope
+
+__all__ = ["EXACT_PER_SCOPE", "optimistic_seconds", "several_nodes"]
+
+# How many estimated domains per scope are turned into concrete nodes. Estimates are exact in
+# time and node damage; what this bounds is the tie-break between equally good domains.
+EXACT_PER_SCOPE = 8
+
+_MULTI_SCOPES = (Scope.NVLINK, Scope.LEAF, Scope.SPINE, Scope.CORE, Scope.ZONE, Scope.CLUSTER)
+
+
+_MULTI_SCOPES = (Scope.NVLINK, Scope.LEAF, Scope.SPINE, Scope.CORE, Scope.ZONE, Scope.CLUSTER)
+
+
+@dataclass(frozen=True, slots=True)
+class _Use:
+    """Nodes of one class used by a gang: how many, and how many pods on each."""
+
+    cls: NodeClass
+    nodes: int
+    pods: int
+    choice: NodeChoice
+
+
+@dataclass(frozen=True, slots=True)
+class _Estimate:
+    uses: tuple[_Use, ...]
+    seconds: float
+    node_terms: tuple[int, int]
+
+    @property
+    def nodes(self) -> int:
+        return sum(u.nodes for u in self.uses)
+
+
+def _fit(cls: NodeClass, per_pod: int) -> int:
+    return cls[1].bit_count() // per_pod
+
+
+def _gang_from(
+    order: Sequence[tuple[NodeClass, int]], group: Group, nvlink: bool
+) -> _Estimate | None:
+    """Fill the gang's pods into nodes of the classes in this order (most pods per node first
+    within the order); None when they do not hold it."""
+    per_pod = group.gpus_per_pod
+    remaining = group.pods
+    uses: list[_Use] = []
+    for cls, count in order:
+        if remaining <= 0:
+            break
+        fit = _fit(cls, per_pod)
+        if fit <= 0:
+            continue
+        full = min(count, remaining // fit)
+        if full:
+            found = choose(cls[0], cls[1], fit * per_pod, leaves_node=True)
+            assert found is not None
+            uses.append(_Use(cls, full, fit, found))
+            remaining -= full * fit
+        if remaining and count > full and remaining < fit:
+            found = choose(cls[0], cls[1], remaining * per_pod, leaves_node=True)
+            assert found is not None
+            uses.append(_Use(cls, 1, remaining, found))
+            remaining = 0
+    if remaining > 0:
+        return None
+    nodes = sum(u.nodes for u in uses)
+    parts = [(u.choice, u.nodes) for u in uses]
+    seconds = collective_seconds(group, parts, nodes=nodes, nvlink=nvlink)
+    broken = sum(u.nodes for u in uses if u.cls[1] == u.cls[0].full_mask)
+    leftover = sum(u.nodes * (u.cls[1].bit_count() - u.pods * per_pod) for u in uses)
+    return _Estimate(tuple(uses), seconds, (broken, leftover))
+
+
+def _estimate(
+    classes: Mapping[NodeClass, int],
+    group: Group,
+    nvlink: bool,
+    memo: dict[tuple[object, ...], _Estimate | None],
+) -> _Estimate | None:
+    """`_fill_estimate`, remembered per multiset of usable classes: racks and leaves with the
+    same free nodes give the same answer, and most domains of a cluster repeat a few."""
+    per_pod = group.gpus_per_pod
+    sig = (nvlink, *sorted((id(c[0]), c[1], n) for c, n in classes.items() if _fit(c, per_pod) > 0))
+    if sig not in memo:
+        memo[sig] = _fill_estimate(classes, group, nvlink)
+    return memo[sig]
+
+
+def _fill_estimate(
+    classes: Mapping[NodeClass, int], group: Group, nvlink: bool
+) -> _Estimate | None:
+    """The best of a few fills of a gang into a domain's classes.
+
+    Orders tried: most pods per node first (fewest nodes, smallest shards on the network), best
+    intra-node ring first, fastest network first, each breaking ties by the least damage; and
+    every class alone that can hold the gang. The best predicted time wins, then node damage.
+    """
+    per_pod = group.gpus_per_pod
+    usable = [(c, n) for c, n in classes.items() if _fit(c, per_pod) > 0]
+    if sum(_fit(c, per_pod) * n for c, n in usable) < group.pods:
+        return None
+
+    def quality(c: NodeClass) -> tuple[float, float]:
+        take = min(_fit(c, per_pod), group.pods) * per_pod
+        found = choose(c[0], c[1], take, leaves_node=True)
+        assert found is not None
+        return (found.ring_gbps, found.min_nic_gbps)
+
+    def harm(c: NodeClass) -> tuple[int, int]:
+        return node_terms(c[0], c[1], min(_fit(c, per_pod), group.pods) * per_pod)
+
+    orders = [
+        sorted(usable, key=lambda cn: (-min(_fit(cn[0], per_pod), group.pods), harm(cn[0]))),
+        sorted(usable, key=lambda cn: (-quality(cn[0])[0], -quality(cn[0])[1], harm(cn[0]))),
+        sorted(usable, key=lambda cn: (-quality(cn[0])[1], -quality(cn[0])[0], harm(cn[0]))),
+    ]
+    orders += [[cn] for cn in usable if _fit(cn[0], per_pod) * cn[1] >= group.pods]
+    best: _Estimate | None = None
+    for order in orders:
+        found = _gang_from(order, group, nvlink)
+        if found is None:
+            continue
+        if best is None or (cost.time_bucket(found.seconds), found.node_terms) < (
+            cost.time_bucket(best.seconds),
+            best.node_terms,
+        ):
+            best = found
+    return best
+
+
+def _pick_nodes(view: View, scope: Scope, domain: str, est: _Estimate) -> list[tuple[str, _Use]]:
+    """Concrete nodes for an estimate: cells of the domain in damage order (not whole-free
+    first, then fewest free), nodes by name inside a cell."""
+    snapshot = view.snapshot
+    wanted: dict[NodeClass, int] = {}
+    for u in est.uses:
+        wanted[u.cls] = wanted.get(u.cls, 0) + u.nodes
+    cells = view.cells_of_classes(scope, domain, wanted.keys())
+    ordered = sorted(cells, key=lambda cb: (cell_terms(snapshot, cb[0], 0), cb[0]))
+    chosen: dict[NodeClass, list[str]] = {c: [] for c in wanted}
+    for _, by_class in ordered:
+        for cls, names in by_class.items():
+            short = wanted[cls] - len(chosen[cls])
+            if short > 0:
+                chosen[cls].extend(names[:short])
+    out: list[tuple[str, _Use]] = []
+    for u in est.uses:
+        take = chosen[u.cls][: u.nodes]
+        del chosen[u.cls][: u.nodes]
+        if len(take) < u.nodes:
+            raise AssertionError(f"index and nodes disagree in {label(scope, domain)}")
+        out.extend((n, u) for n in take)
+    order = {cell: i for i, (cell, _) in enumerate(ordered)}
+    out.sort(key=lambda nu: (-nu[1].pods, order[snapshot.cell_of(nu[0])], nu[0]))
+    return out
+
+
+def _gang_plan(
+    view: View,
+    slot: Slot,
+    scope: Scope,
+    domain: str,
+    est: _Estimate,
+    *,
+    preferred: Scope | None,
+) -> Plan:
+    snapshot = view.snapshot
+    picked = _pick_nodes(view, scope, domain, est)
+    nodes = [n for n, _ in picked]
+    span = span_of(snapshot, nodes)
+    seconds = est.seconds
+    if span is Scope.NVLINK and scope is not Scope.NVLINK:  # all landed in one NVLink domain
+        parts = [(u.choice, u.nodes) for u in est.uses]
+        seconds = collective_seconds(slot.group, parts, nodes=len(nodes), nvlink=True)
+    pods = pods_on(slot.group, slot.replica, [(n, u.choice.gpus) for n, u in picked])
+    taken = {n: u.pods * slot.group.gpus_per_pod for n, u in picked}
+    harm = damage(snapshot, taken)
+    missed = missed_preferences([slot], span, {}, preferred)
+    return Plan(
+        tuple(pods),
+        key(missed=missed, seconds=seconds, spread=0, span=span, harm=harm, names=sorted(nodes)),
+        seconds,
+        label(scope, domain),
+    )
+
+
+def optimistic_seconds(view: View, group: Group, *, nvlink: bool) -> float:
+    """A lower bound on a gang's predicted time anywhere in the view.
+
+    For every number q of pods per node that some class holds: the gang on ceil(pods / q)
+    nodes that all have the best ring, network and NVLink any such class offers for q pods.
+    More nodes or slower links never help in the cost model, so the minimum over q bounds every
+    placement from below.
+    """
+    scope, domain = view.root()
+    per_pod = group.gpus_per_pod
+    classes = [c for c in view.classes(scope, domain) if _fit(c, per_pod) > 0]
+    best = math.inf
+    for q in range(1, min(max((_fit(c, per_pod) for c in classes), default=0), group.pods) + 1):
+        ring, nic, nvl, kind = 0.0, 0.0, 0.0, LinkKind.NET
+        for c in classes:
+            if _fit(c, per_pod) < q:
+                continue
+            found = choose(c[0], c[1], q * per_pod, leaves_node=True)
+            assert found is not None
+            ring = max(ring, found.ring_gbps)
+            nic = max(nic, found.min_nic_gbps)
+            nvl = max(nvl, found.nvlink_gbps)
+            kind = min(kind, found.kind)
+        gpus = q * per_pod
+        ideal = NodeChoice(tuple(range(gpus)), ring, kind, (nic,) * gpus, ("",) * gpus, nvl)
+        nodes = -(-group.pods // q)
+        best = min(best, collective_seconds(group, ((ideal, nodes),), nodes=nodes, nvlink=nvlink))
+    return best
+
+
+def _domains(view: View, scope: Scope) -> Iterable[str]:
+    root_scope, root = view.root()
+    if scope is Scope.CLUSTER:
+        return ("cluster",) if root_scope is Scope.CLUSTER else ()
+    if WIDTH[scope] > WIDTH[root_scope]:
+        return ()
+    if scope is root_scope:
+        return (root,)
+    return (d for d in view.snapshot.free_domains(scope) if view.contains(scope, d))
+
+
+def _candidates(view: View, scope: Scope, limit: Scope | None) -> Iterable[tuple[str, View]]:
+    """The domains of a scope to try, each with the view of the nodes a replica may use there.
+
+    A multi-node NVLink domain that straddles domains of the required scope (a rack whose trays
+    hang off two leaves) is tried once per part: its nodes in one leaf at a time.
+    """
+    snapshot = view.snapshot
+    for domain in _domains(view, scope):
+        if (
+            limit is None
+            or scope is not Scope.NVLINK
+            or limit in (Scope.NODE, Scope.NVLINK)
+            or holds(snapshot, snapshot.domains(scope).get(domain, ()), limit)
+        ):
+            yield domain, view
+            continue
+        parts: dict[str, set[str]] = {}
+        for name in snapshot.domains(scope).get(domain, ()):
+            outer = snapshot.domain_of(name, limit)
+            if outer and (view.allowed is None or name in view.allowed):
+                parts.setdefault(outer, set()).add(name)
+        for _, names in sorted(parts.items()):
+            yield (
+                domain,
+                View(
+                    snapshot, allowed=frozenset(names), excluded=view.excluded, within=view.within
+                ),
+            )
+
+
+def several_nodes(
+    view: View,
+    slot: Slot,
+    limit: Scope | None,
+    *,
+    preferred: Scope | None,
+    best: Plan | None,
+    tried: Tried,
+) -> Plan | None:
+    group = slot.group
+    need = slot.need
+    bounds: dict[bool, float] = {}
+    memo: dict[tuple[object, ...], _Estimate | None] = {}
+    for scope in _MULTI_SCOPES:
+        if WIDTH[scope] > width(limit):
+            break
+        nvlink = scope is Scope.NVLINK
+        if best is not None and not tried.explore:
+            if nvlink not in bounds:
+                bounds[nvlink] = optimistic_seconds(view, group, nvlink=nvlink)
+            if cost.time_bucket(bounds[nvlink]) >= best.key.time:
+                # A domain of this scope (or a wider one, for the network) can at best tie on
+                # time, and then loses on span: nothing to gain here.
+                if nvlink:
+                    continue
+                break
+        estimates: list[tuple[tuple[object, ...], str, _Estimate, View]] = []
+        for domain, part in _candidates(view, scope, limit):
+            free = part.free(scope, domain)
+            if free < need:
+                tried.add(scope, domain, "insufficient_gpus", "{} free GPUs, {} needed", free, need)
+                continue
+            est = _estimate(part.classes(scope, domain), group, nvlink, memo)
+            if est is None:
+                tried.add(
+                    scope,
+                    domain,
+                    "fragmented",
+                    "{} free GPUs, but not {} pods of {} GPUs on single nodes",
+                    free,
+                    group.pods,
+                    group.gpus_per_pod,
+                )
+                continue
+            rough = (
+                cost.time_bucket(est.seconds),
+                est.node_terms,
+                view.snapshot.domain_free(scope, domain) - need,
+                domain,
+            )
+            estimates.append((rough, domain, est, part))
+        estimates.sort(key=lambda e: e[0])
+        for _, domain, est, part in estimates[:EXACT_PER_SCOPE]:
+            plan = _gang_plan(part, slot, scope, domain, est, preferred=preferred)
+            tried.plans.append(plan)
+            if best is None or plan.key < best.key:
+                best = plan
+    return best
