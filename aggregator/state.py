@@ -41,6 +41,10 @@ __all__ = [
     "ReservationError",
 ]
 
+# A snapshot derived from the previous one keeps that one's clock, which ages link
+# measurements; after this long the next snapshot is built afresh with the current time.
+_SNAPSHOT_CLOCK_REUSE_S = 60.0
+
 
 class ReportOutcome(enum.Enum):
     """What became of a report."""
@@ -118,6 +122,9 @@ class ClusterState:
         self.generation = 0
         self._snapshot: ClusterSnapshot | None = None
         self._snapshot_key: tuple[int, frozenset[str]] | None = None
+        # Nodes changed since the last snapshot, with the kinds of change: when only
+        # allocations moved, the next snapshot derives from the last one in O(changes).
+        self._dirty: dict[str, set[str]] = {}
         self._listeners: list[Callable[[str, str], None]] = []
         self._known_stale: frozenset[str] = frozenset()
 
@@ -130,6 +137,7 @@ class ClusterState:
 
     def _changed(self, kind: str, node: str) -> None:
         self.generation += 1
+        self._dirty.setdefault(node, set()).add(kind)
         self._reindex(node)
         for listener in list(self._listeners):
             listener(kind, node)
@@ -349,6 +357,36 @@ class ClusterState:
         key = (self.generation, stale)
         if self._snapshot is not None and self._snapshot_key == key:
             return self._snapshot
+        previous = self._snapshot
+        if previous is not None and self._only_allocations_moved(previous, stale):
+            changes = {
+                name: frozenset(range(self._nodes[name].topology.gpu_count))
+                - frozenset(self._held.get(name, ()))
+                for name in self._dirty
+                if name in self._nodes
+            }
+            self._snapshot = previous.with_free(changes, generation=self.generation)
+        else:
+            self._snapshot = self._rebuild(stale, previous)
+        self._dirty.clear()
+        self._snapshot_key = key
+        return self._snapshot
+
+    def _only_allocations_moved(self, previous: ClusterSnapshot, stale: frozenset[str]) -> bool:
+        """Whether the next snapshot may derive from `previous` by free GPUs alone.
+
+        True when nothing but reservations changed since it, no node went stale or came back,
+        and its clock is recent (it ages link measurements by that clock).
+        """
+        return (
+            self._snapshot_key is not None
+            and self._snapshot_key[1] == stale
+            and all(kinds == {"allocation"} for kinds in self._dirty.values())
+            and (previous.now is None or self._clock() - previous.now < _SNAPSHOT_CLOCK_REUSE_S)
+        )
+
+    def _rebuild(self, stale: frozenset[str], previous: ClusterSnapshot | None) -> ClusterSnapshot:
+        """Every node's state afresh (sharing what is unchanged with `previous`)."""
         held = self.held_gpus()
         states = []
         for name, rec in self._nodes.items():
@@ -364,11 +402,9 @@ class ClusterState:
                     else ("no GPUs" if not rec.topology.gpu_count else ""),
                 )
             )
-        self._snapshot = ClusterSnapshot(
-            states, generation=self.generation, previous=self._snapshot, now=self._clock()
+        return ClusterSnapshot(
+            states, generation=self.generation, previous=previous, now=self._clock()
         )
-        self._snapshot_key = key
-        return self._snapshot
 
     # --- reservations ---------------------------------------------------------------------
 

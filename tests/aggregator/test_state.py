@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from aggregator.state import ClusterState, ReportOutcome, ReservationError
 from gputopo.delta import NodeDelta
 from gputopo.links import LinkHealth
 from gputopo.placement import place
-from gputopo.request import request_from_mapping
+from gputopo.request import Scope, request_from_mapping
 from tests.builders import nvswitch_node
 
 
@@ -140,3 +143,53 @@ def test_listeners_hear_changes(state: ClusterState) -> None:
     unsubscribe()
     state.remove_node("n1")
     assert heard == [("node", "n1")]
+
+
+@given(
+    st.lists(
+        st.sampled_from(["reserve1", "reserve4", "release", "commit", "expire", "degrade"]),
+        max_size=25,
+    )
+)
+def test_derived_snapshots_equal_a_fresh_rebuild(steps: list[str]) -> None:
+    """After reservations move (and the odd topology change), the snapshot handed out equals
+    one built from scratch: same free GPUs per node and the same free GPUs per domain."""
+    clock = Clock()
+    state = ClusterState(clock=clock, stale_after_s=1e9)
+    for i in range(4):
+        state.apply_snapshot(
+            nvswitch_node(f"n{i}", tiers=(f"leaf-{i // 2}", "spine")), incarnation=1, sequence=1
+        )
+    live: list[str] = []
+    sequence = 1
+    for step in steps:
+        state.snapshot()  # every step sees a snapshot, so the next one can derive from it
+        if step.startswith("reserve"):
+            result, _ = place(
+                state.snapshot(),
+                request_from_mapping({"groups": [{"name": "g", "gpus_per_pod": int(step[-1])}]}),
+            )
+            if result.placed:
+                live.append(state.reserve(result, ttl_s=10).id)
+        elif step == "release" and live:
+            with contextlib.suppress(ReservationError):  # it may have expired
+                state.release(live.pop(0))
+        elif step == "commit" and live:
+            with contextlib.suppress(ReservationError):
+                state.commit(live[-1])
+        elif step == "expire":
+            clock.now += 11
+        elif step == "degrade":
+            sequence += 1
+            old = state.record("n0")
+            assert old is not None
+            topo = replace(old.topology, problems=(f"step {sequence}",))
+            state.apply_snapshot(topo, incarnation=1, sequence=sequence)
+    handed_out = state.snapshot()
+    fresh = state._rebuild(frozenset(state.stale_nodes()), None)
+    assert {n: s.free for n, s in handed_out.nodes.items()} == {
+        n: s.free for n, s in fresh.nodes.items()
+    }
+    for scope in (Scope.NODE, Scope.LEAF, Scope.SPINE, Scope.CLUSTER):
+        for domain, members in fresh.domains(scope).items():
+            assert handed_out.free_in(handed_out.domains(scope)[domain]) == fresh.free_in(members)
