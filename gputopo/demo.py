@@ -176,7 +176,7 @@ def _span(names: Sequence[str]) -> str:
 def _describe(resp: ppb.PlaceResponse) -> str:
     """One line: where a placement went and its bottleneck."""
     if not resp.placed:
-        return f"not placed ({resp.reason})"
+        return f"nothing valid: {resp.reason}"
     nodes = sorted({a.node for a in resp.assignments})
     worst = min((g.bus_gbps for g in resp.predicted.groups if g.bus_gbps > 0), default=0.0)
     edges = "".join(
