@@ -181,10 +181,7 @@ def link_to_proto(link: Link) -> tpb.Link:
 
 def link_from_proto(msg: tpb.Link, path: str = "link") -> Link:
     """A link message as a domain link; CodecError for unknown kinds or bad figures."""
-    try:
-        kind = LinkKind(msg.kind)
-    except ValueError:
-        raise CodecError(f"{path}.kind", "must be set to a known link kind") from None
+    kind = _enum(LinkKind, msg.kind, f"{path}.kind")
     if not math.isfinite(msg.nominal_gbps) or msg.nominal_gbps < 0:
         raise CodecError(f"{path}.nominal_gbps", "must be a finite, non-negative number")
     a, b = _ref_from_proto(msg.a, f"{path}.a"), _ref_from_proto(msg.b, f"{path}.b")
@@ -509,12 +506,7 @@ _PATTERN_FROM = {v: k for k, v in _PATTERN_TO.items()} | {ppb.PATTERN_UNSPECIFIE
 
 
 def _scope_from(value: int, path: str) -> Scope | None:
-    if value == ppb.SCOPE_UNSPECIFIED:
-        return None
-    try:
-        return Scope(value)
-    except ValueError:
-        raise CodecError(path, f"unknown scope {value}") from None
+    return None if value == ppb.SCOPE_UNSPECIFIED else _enum(Scope, value, path)
 
 
 def _scope_to(scope: Scope | None) -> ppb.Scope.ValueType:
