@@ -218,17 +218,26 @@ class ClusterState:
         self._changed("node", name)
         return ReportOutcome.ACCEPTED
 
+    def _next_in_stream(
+        self, node: str, incarnation: int, sequence: int
+    ) -> NodeRecord | ReportOutcome:
+        """The node's record when a delta or heartbeat continues its accepted stream, else the
+        outcome: RESYNC without a snapshot of this incarnation to build on, IGNORED for an older
+        incarnation or a sequence not newer than the last accepted one."""
+        rec = self._nodes.get(node)
+        if rec is None or incarnation > rec.incarnation:
+            return ReportOutcome.RESYNC
+        if incarnation < rec.incarnation or sequence <= rec.sequence:
+            return ReportOutcome.IGNORED
+        return rec
+
     def apply_delta(
         self, node: str, delta: NodeDelta, *, incarnation: int, sequence: int
     ) -> ReportOutcome:
         """Apply changes on top of the node's snapshot of the same incarnation."""
-        rec = self._nodes.get(node)
-        if rec is None or incarnation != rec.incarnation:
-            if rec is not None and incarnation < rec.incarnation:
-                return ReportOutcome.IGNORED
-            return ReportOutcome.RESYNC
-        if sequence <= rec.sequence:
-            return ReportOutcome.IGNORED
+        rec = self._next_in_stream(node, incarnation, sequence)
+        if isinstance(rec, ReportOutcome):
+            return rec
         now = self._clock()
         was_stale = self._is_stale(rec, now)
         reported = apply_delta(rec.reported or rec.topology, delta)
@@ -242,13 +251,9 @@ class ClusterState:
 
     def heartbeat(self, node: str, *, incarnation: int, sequence: int) -> ReportOutcome:
         """Note that a node is alive."""
-        rec = self._nodes.get(node)
-        if rec is None or incarnation != rec.incarnation:
-            if rec is not None and incarnation < rec.incarnation:
-                return ReportOutcome.IGNORED
-            return ReportOutcome.RESYNC
-        if sequence <= rec.sequence:
-            return ReportOutcome.IGNORED
+        rec = self._next_in_stream(node, incarnation, sequence)
+        if isinstance(rec, ReportOutcome):
+            return rec
         now = self._clock()
         was_stale = self._is_stale(rec, now)
         rec.sequence, rec.last_report = sequence, now
