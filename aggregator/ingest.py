@@ -269,9 +269,10 @@ def _peer_probes(msg: rpb.Delta, node: str) -> list[tuple[str, float]]:
 
 def _check_delta(base: NodeTopology, delta: NodeDelta) -> None:
     """CodecError unless the delta keeps devices numbered 0..n-1 and links on real devices."""
-    for kind, have, upserts in (
-        ("gpus", len(base.gpus), [g.index for g in delta.gpus]),
-        ("nics", len(base.nics), [n.index for n in delta.nics]),
+    counts: dict[DeviceKind, int] = {}
+    for kind, device, have, upserts in (
+        ("gpus", DeviceKind.GPU, len(base.gpus), [g.index for g in delta.gpus]),
+        ("nics", DeviceKind.NIC, len(base.nics), [n.index for n in delta.nics]),
     ):
         indices = set(range(have)) | set(upserts)
         if indices != set(range(len(indices))):
@@ -280,10 +281,7 @@ def _check_delta(base: NodeTopology, delta: NodeDelta) -> None:
                 f"delta.{kind}[{i}].index",
                 f"is {bad}; the node has {have}, so new ones must continue at {have}",
             )
-    counts = {
-        DeviceKind.GPU: len(set(range(len(base.gpus))) | {g.index for g in delta.gpus}),
-        DeviceKind.NIC: len(set(range(len(base.nics))) | {n.index for n in delta.nics}),
-    }
+        counts[device] = len(indices)
     numa = {n.id for n in base.numa_nodes}
     for i, link in enumerate(delta.links):
         for end, ref in (("a", link.a), ("b", link.b)):
