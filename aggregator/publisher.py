@@ -123,9 +123,7 @@ class PublisherStats:
     errors: int = 0
     planned: int = 0
     foreign: Counter[str] = field(default_factory=Counter)
-    nodes_without_object: int = 0
     warm: bool = False
-    last_error: str = ""
 
 
 class LabelPublisher:
@@ -248,7 +246,6 @@ class LabelPublisher:
                 continue  # relist
             except KubeError as err:
                 self.stats.errors += 1
-                self.stats.last_error = str(err)
                 log.warning("watching nodes failed (%s); retrying in %.1fs", err, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
@@ -318,7 +315,6 @@ class LabelPublisher:
                 raise
             except KubeError as err:
                 self.stats.errors += 1
-                self.stats.last_error = str(err)
                 log.warning("labelling %s failed: %s", name, err)
                 self._dirty[name] = self._clock() + 5.0  # try again later
             except Exception:
@@ -333,8 +329,6 @@ class LabelPublisher:
         """The patch a node needs now (None: nothing is known that would justify one)."""
         node = self.cache.get(name)
         if node is None:
-            if self.state.record(name) is not None:
-                self.stats.nodes_without_object += 1
             return None
         rec = self.state.record(name)
         scheme = self.scheme
