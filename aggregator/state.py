@@ -168,16 +168,22 @@ class ClusterState:
         """
         changed = []
         for name in sorted(self._nodes if nodes is None else set(nodes) & set(self._nodes)):
-            rec = self._nodes[name]
-            if rec.reported is None:
-                continue
-            topo, rec.resolution = self._effective(name, rec.reported)
-            if topo != rec.topology:
-                rec.topology = topo
-                rec.generation += 1
+            if self._remerge(name, self._nodes[name]):
                 changed.append(name)
                 self._changed("node", name)
         return changed
+
+    def _remerge(self, name: str, rec: NodeRecord) -> bool:
+        """Merge a node's fabric sources again; True (and a new node generation) when the
+        topology placement sees changed."""
+        if rec.reported is None:
+            return False
+        topo, rec.resolution = self._effective(name, rec.reported)
+        if topo == rec.topology:
+            return False
+        rec.topology = topo
+        rec.generation += 1
+        return True
 
     # --- reports --------------------------------------------------------------------------
 
@@ -276,8 +282,7 @@ class ClusterState:
         if rec is None:
             return
         rec.labels = dict(labels)
-        if rec.reported is not None:
-            rec.topology, rec.resolution = self._effective(node, rec.reported)
+        self._remerge(node, rec)
         self._changed("labels", node)
 
     def forget_labels(self, node: str) -> None:
