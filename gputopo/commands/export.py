@@ -41,7 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the chosen format."""
-    import json
     import sys
     import urllib.request
 
@@ -58,7 +57,6 @@ def run(args: argparse.Namespace) -> int:
     from aggregator.fabric import FabricSources
     from aggregator.labels import LabelScheme
     from gputopo.inventory import InventoryError, load_inventory
-    from gputopo.topology import FabricPosition
 
     nodes: list[Placed]
     if args.inventory:
@@ -72,25 +70,23 @@ def run(args: argparse.Namespace) -> int:
             Placed(name, sources.resolve_node(name, None, {}).fabric) for name in inventory.nodes
         ]
     elif args.aggregator:
+        from google.protobuf import json_format
+
+        from gputopo.codec import fabric_from_proto
+        from gputopo.v1 import topology_pb2 as tpb
+
+        # /api/v1/topology is a ClusterTopology in protobuf's JSON mapping: read it back as one.
         url = args.aggregator.rstrip("/") + "/api/v1/topology?links=false"
         try:
             with urllib.request.urlopen(url, timeout=30) as response:
-                data = json.load(response)
-        except (OSError, ValueError) as err:
+                cluster = json_format.Parse(
+                    response.read(), tpb.ClusterTopology(), ignore_unknown_fields=True
+                )
+        except (OSError, ValueError, json_format.ParseError) as err:
             print(f"gputopo export: cannot read {url}: {err}", file=sys.stderr)
             return 2
         nodes = [
-            Placed(
-                n["topology"]["name"],
-                FabricPosition(
-                    tiers=tuple(n["topology"]["fabric"].get("tiers", ())),
-                    accelerator_domain=n["topology"]["fabric"].get("accelerator_domain", ""),
-                    accelerator_sub_domain=n["topology"]["fabric"].get(
-                        "accelerator_sub_domain", ""
-                    ),
-                ),
-            )
-            for n in data.get("nodes", [])
+            Placed(n.topology.name, fabric_from_proto(n.topology.fabric)) for n in cluster.nodes
         ]
     else:
         from gputopo.demo import demo_nodes
