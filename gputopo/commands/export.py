@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from gputopo.commands.aggregator import add_label_arguments, label_scheme
+
 HELP = "write Slurm topology.conf, Kueue/KAI Topology or Volcano HyperNodes to stdout"
 
 FORMATS = ("slurm", "kueue", "kai", "volcano")
@@ -28,14 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="slurm: topology/block over NVLink domains instead of topology/tree",
     )
-    parser.add_argument(
-        "--label-profile",
-        choices=("topograph-v1", "topograph-v0", "own"),
-        default="topograph-v1",
-        help="label keys the Topology levels name (as the aggregator publishes them)",
-    )
-    parser.add_argument(
-        "--label-prefix", default="gputopo.io/", help="prefix of the project's own label keys"
+    add_label_arguments(
+        parser,
+        profile_help="label keys the Topology levels name (as the aggregator publishes them)",
     )
 
 
@@ -55,7 +52,6 @@ def run(args: argparse.Namespace) -> int:
         volcano_hypernodes,
     )
     from aggregator.fabric import FabricSources
-    from aggregator.labels import LabelScheme
     from gputopo.inventory import InventoryError, load_inventory
 
     nodes: list[Placed]
@@ -95,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         # NVL72 rack's partition), so the objects name the labels it publishes.
         sources = FabricSources()
         nodes = [Placed(n.name, sources.resolve_node(n.name, n, {}).fabric) for n in demo_nodes()]
-    scheme = LabelScheme(profile=args.label_profile, prefix=args.label_prefix)
+    scheme = label_scheme(args)
     if args.format == "slurm":
         sys.stdout.write(slurm_block(nodes) if args.block else slurm_tree(nodes))
         return 0
