@@ -147,9 +147,10 @@ class ClusterState:
         if rec is None:
             self.index.remove(node)
             return
-        free = rec.topology.gpu_count - len(self._held.get(node, ()))
         placeable = rec.topology.gpu_count > 0 and node not in self._known_stale
-        self.index.update(rec.topology, free=free, placeable=placeable, labels=rec.labels)
+        self.index.update(
+            rec.topology, free=len(self.free_gpus(node)), placeable=placeable, labels=rec.labels
+        )
 
     # --- the merged fabric position ---------------------------------------------------------
 
@@ -369,12 +370,7 @@ class ClusterState:
             return self._snapshot
         previous = self._snapshot
         if previous is not None and self._only_allocations_moved(previous, stale):
-            changes = {
-                name: frozenset(range(self._nodes[name].topology.gpu_count))
-                - frozenset(self._held.get(name, ()))
-                for name in self._dirty
-                if name in self._nodes
-            }
+            changes = {name: self.free_gpus(name) for name in self._dirty if name in self._nodes}
             self._snapshot = previous.with_free(changes, generation=self.generation)
         else:
             self._snapshot = self._rebuild(stale, previous)
@@ -397,14 +393,12 @@ class ClusterState:
 
     def _rebuild(self, stale: frozenset[str], previous: ClusterSnapshot | None) -> ClusterSnapshot:
         """Every node's state afresh (sharing what is unchanged with `previous`)."""
-        held = self.held_gpus()
         states = []
         for name, rec in self._nodes.items():
-            all_gpus = frozenset(range(rec.topology.gpu_count))
             states.append(
                 NodeState(
                     topology=rec.topology,
-                    free=all_gpus - held.get(name, frozenset()),
+                    free=self.free_gpus(name),
                     labels=dict(rec.labels),
                     placeable=name not in stale and rec.topology.gpu_count > 0,
                     reason="stale"
@@ -417,6 +411,17 @@ class ClusterState:
         )
 
     # --- reservations ---------------------------------------------------------------------
+
+    def free_gpus(self, node: str) -> frozenset[int]:
+        """GPUs of a node that no live reservation holds (empty for an unknown node).
+
+        Reservations may still hold GPUs a node no longer reports (it came back with fewer):
+        those are held, but never counted against the GPUs it has.
+        """
+        rec = self._nodes.get(node)
+        if rec is None:
+            return frozenset()
+        return frozenset(range(rec.topology.gpu_count)).difference(self._held.get(node, ()))
 
     def held_gpus(self) -> dict[str, frozenset[int]]:
         """GPUs held by live reservations and commitments, per node."""
