@@ -188,7 +188,10 @@ class LabelPublisher:
         Two labels depend on other nodes: the NVLink domain size (the whole domain's GPUs) and
         a tier value that became ambiguous (reused under another parent) or stopped being so.
         When either moves, every node it concerns is marked, not only the one that reported.
+        Reservations are ignored: no label depends on which GPUs are held.
         """
+        if kind == "allocation":
+            return
         self.mark(node)
         index = self.state.index
         domain = index.domain_of(node, NVLINK)

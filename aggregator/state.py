@@ -131,7 +131,11 @@ class ClusterState:
     # --- observers ------------------------------------------------------------------------
 
     def subscribe(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
-        """Call `listener(kind, node)` on every change; returns an unsubscribe function."""
+        """Call `listener(kind, node)` on every change; returns an unsubscribe function.
+
+        Kinds: `node` (reported topology, merged fabric, or back from stale), `labels`,
+        `removed`, `stale`, `allocation` (reservations: only free GPUs moved).
+        """
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
