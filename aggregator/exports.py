@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aggregator.labels import LabelScheme, fnv64a, label_value
+from aggregator.labels import LabelScheme, fnv64a, tier_value
 from gputopo.inventory import compact_hostlist
 from gputopo.topology import FabricPosition
 
@@ -184,13 +184,6 @@ def _ambiguous(nodes: Iterable[Placed]) -> dict[int, set[str]]:
     return out
 
 
-def _tier_id(tiers: tuple[str, ...], t: int, ambiguous: Mapping[int, set[str]]) -> str:
-    """The tier's cluster-wide unique value, as the label publisher writes it."""
-    if tiers[t] in ambiguous.get(t, ()):
-        return f"x{fnv64a('/'.join(reversed(tiers[t:]))):016x}"
-    return label_value(tiers[t])
-
-
 def _object_name(prefix: str, value: str) -> str:
     """A DNS-subdomain object name for a label value (hashed when it would not be one)."""
     name = f"{prefix}-{value.lower()}"
@@ -208,7 +201,8 @@ def volcano_hypernodes(nodes: Sequence[Placed]) -> list[dict[str, Any]]:
         tiers = n.fabric.tiers
         below = ("Node", n.name)
         for t in range(len(tiers)):
-            key = (t, _tier_id(tiers, t, ambiguous))
+            # The tier's cluster-wide unique value, as the label publisher writes it.
+            key = (t, tier_value(tiers, t, ambiguous=tiers[t] in ambiguous.get(t, ())))
             members.setdefault(key, set()).add(below)
             below = ("HyperNode", _object_name(f"gputopo-{_tier_name(t)}", key[1]))
     out = []

@@ -4,8 +4,8 @@ Why here and not only in the snapshot: the label publisher (NVLink domain sizes)
 collector and `/api/v1` need per-domain figures after every report, and rebuilding a cluster
 snapshot per report costs O(nodes). This index costs O(levels) per changed node.
 
-Domain identities are the placement snapshot's own (`ClusterSnapshot.domain_of`, computed on a
-one-node snapshot), so a domain here is the same domain placement reasons about:
+Domain identities are the placement snapshot's own (`gputopo.cluster.domain_ids`), so a domain
+here is the same domain placement reasons about:
 
 - `node`: the node; `nvlink`: a multi-node NVLink domain (sub-domain when the node has one);
 - `tier-0`, `tier-1`, ...: fabric tiers closest first, each keyed by its whole path upwards
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from gputopo.cluster import ClusterSnapshot, NodeState
+from gputopo.cluster import domain_ids
 from gputopo.request import Scope
 from gputopo.topology import NodeTopology
 
@@ -37,15 +37,15 @@ def tier_level(tier: int) -> str:
 
 def node_domains(topology: NodeTopology, labels: Mapping[str, str]) -> dict[str, str]:
     """Level -> domain id of one node, with the placement snapshot's identities."""
-    one = ClusterSnapshot([NodeState(topology, frozenset(), labels)])
+    ids = domain_ids(topology, labels)
     out = {NODE: topology.name}
-    nvlink = one.domain_of(topology.name, Scope.NVLINK)
+    nvlink = ids.get(Scope.NVLINK)
     if nvlink:
         out[NVLINK] = nvlink
     tiers = topology.fabric.tiers
     for tier in range(len(tiers)):
         out[tier_level(tier)] = _path(tiers, tier)
-    zone = one.domain_of(topology.name, Scope.ZONE)
+    zone = ids.get(Scope.ZONE)
     if zone:
         out[ZONE] = zone
     return out

@@ -160,14 +160,14 @@ class ReporterService(rgrpc.ReporterServicer):
                         node = msg.node_name
                     elif claim is not None and msg.incarnation > claim.incarnation:
                         claim.incarnation = msg.incarnation
-                    outcome, probes = self._apply(msg, kind)
+                    outcome = self._apply(msg, kind)
                 except CodecError as err:
                     self.stats.rejected[re.sub(r"\[\d+\]", "[]", err.field)] += 1
                     self.stats.messages[(kind, "rejected")] += 1
                     log.warning("rejected report from %s: %s", msg.node_name or "?", err)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
                 self.stats.messages[(kind, outcome.value)] += 1
-                yield self._response(msg, outcome, probes)
+                yield self._response(msg, outcome)
         finally:
             self.stats.streams -= 1
             if node and self._claims.get(node) is claim:
@@ -201,9 +201,7 @@ class ReporterService(rgrpc.ReporterServicer):
             if match is None or not 0 < int(match.group(2)) < 65536:
                 raise CodecError("probe_address", f"{msg.probe_address!r} is not host:port")
 
-    def _apply(
-        self, msg: rpb.ReportRequest, kind: str
-    ) -> tuple[ReportOutcome, list[tuple[str, float]]]:
+    def _apply(self, msg: rpb.ReportRequest, kind: str) -> ReportOutcome:
         seq = {"incarnation": msg.incarnation, "sequence": msg.sequence}
         probes: list[tuple[str, float]] = []
         if kind == "snapshot":
@@ -227,7 +225,7 @@ class ReporterService(rgrpc.ReporterServicer):
             raise CodecError("payload", "one of snapshot, delta or heartbeat is required")
         if outcome is ReportOutcome.ACCEPTED:
             self._accepted(msg, kind, probes)
-        return outcome, probes
+        return outcome
 
     def _accepted(self, msg: rpb.ReportRequest, kind: str, probes: list[tuple[str, float]]) -> None:
         if kind != "heartbeat" and msg.HasField("sent_at"):
@@ -238,9 +236,7 @@ class ReporterService(rgrpc.ReporterServicer):
             for peer, rtt in probes:
                 self._probes.result(msg.node_name, peer, rtt)
 
-    def _response(
-        self, msg: rpb.ReportRequest, outcome: ReportOutcome, probes: object
-    ) -> rpb.ReportResponse:
+    def _response(self, msg: rpb.ReportRequest, outcome: ReportOutcome) -> rpb.ReportResponse:
         rec = self._state.record(msg.node_name)
         resp = rpb.ReportResponse(
             status=_STATUS[outcome],
@@ -273,9 +269,10 @@ def _peer_probes(msg: rpb.Delta, node: str) -> list[tuple[str, float]]:
 
 def _check_delta(base: NodeTopology, delta: NodeDelta) -> None:
     """CodecError unless the delta keeps devices numbered 0..n-1 and links on real devices."""
-    for kind, have, upserts in (
-        ("gpus", len(base.gpus), [g.index for g in delta.gpus]),
-        ("nics", len(base.nics), [n.index for n in delta.nics]),
+    counts: dict[DeviceKind, int] = {}
+    for kind, device, have, upserts in (
+        ("gpus", DeviceKind.GPU, len(base.gpus), [g.index for g in delta.gpus]),
+        ("nics", DeviceKind.NIC, len(base.nics), [n.index for n in delta.nics]),
     ):
         indices = set(range(have)) | set(upserts)
         if indices != set(range(len(indices))):
@@ -284,10 +281,7 @@ def _check_delta(base: NodeTopology, delta: NodeDelta) -> None:
                 f"delta.{kind}[{i}].index",
                 f"is {bad}; the node has {have}, so new ones must continue at {have}",
             )
-    counts = {
-        DeviceKind.GPU: len(set(range(len(base.gpus))) | {g.index for g in delta.gpus}),
-        DeviceKind.NIC: len(set(range(len(base.nics))) | {n.index for n in delta.nics}),
-    }
+        counts[device] = len(indices)
     numa = {n.id for n in base.numa_nodes}
     for i, link in enumerate(delta.links):
         for end, ref in (("a", link.a), ("b", link.b)):

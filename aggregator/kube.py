@@ -157,7 +157,6 @@ class KubeClient:
     def __init__(self, api: k8s.ApiClient, *, workers: int = 4) -> None:
         self._api = api
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
-        self.requests = 0
 
     @classmethod
     def from_kubeconfig(cls, path: str | None = None, *, context: str | None = None) -> KubeClient:
@@ -214,7 +213,6 @@ class KubeClient:
             body=body,
             auth_settings=["BearerToken"],
         )
-        self.requests += 1
         try:
             response = self._api.call_api(*request, _request_timeout=None if stream else _TIMEOUT)
         except k8s.ApiException as err:

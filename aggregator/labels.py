@@ -47,6 +47,7 @@ __all__ = [
     "fnv64a",
     "label_value",
     "plan_patch",
+    "tier_value",
 ]
 
 _VALID_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -176,10 +177,11 @@ def _interconnect(topology: NodeTopology, multi_node: bool) -> str:
     return "pcie" if topology.gpu_count > 1 else "none"
 
 
-def _tier_value(tiers: tuple[str, ...], tier: int, ambiguous: frozenset[int]) -> str:
-    """A tier's value, unique cluster-wide: the raw id, or a hash of its path when the raw id
-    is reused under another parent (Volcano's label discovery needs globally unique values)."""
-    if tier in ambiguous:
+def tier_value(tiers: tuple[str, ...], tier: int, *, ambiguous: bool) -> str:
+    """A tier's label value, unique cluster-wide: the raw id, or a hash of its path when the
+    raw id is `ambiguous` (reused under another parent; Volcano's label discovery needs
+    globally unique values). Scheduler objects that name tiers use it too, so they match."""
+    if ambiguous:
         return f"x{fnv64a('/'.join(reversed(tiers[tier:]))):016x}"
     return label_value(tiers[tier])
 
@@ -190,7 +192,9 @@ def desired_labels(facts: NodeFacts, scheme: LabelScheme) -> dict[str, str]:
     fabric = topo.fabric
     out: dict[str, str] = {}
     tiers = fabric.tiers[: scheme.max_tiers()] if scheme.max_tiers() else fabric.tiers
-    values = [_tier_value(fabric.tiers, i, facts.ambiguous_tiers) for i in range(len(tiers))]
+    values = [
+        tier_value(fabric.tiers, i, ambiguous=i in facts.ambiguous_tiers) for i in range(len(tiers))
+    ]
     for i, value in enumerate(values):
         out[scheme.tier_key(i)] = value
     if values:

@@ -103,7 +103,7 @@ class AggregatorCollector(Collector):
             counts[status] += 1
             total += rec.topology.gpu_count
             if name not in stale:
-                free += rec.topology.gpu_count - len(held.get(name, ()))
+                free += len(state.free_gpus(name))
         for status in ("reporting", "stale", "static"):
             nodes.add_metric([status], counts[status])
         yield nodes

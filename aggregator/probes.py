@@ -126,7 +126,6 @@ class ProbeBook:
         self._nodes: set[str] = set()
         self._inference: ProbeInference | None = None
         self._compared: dict[tuple[int, str], set[str]] = {}
-        self.probes_requested = 0
 
     def add_node(self, node: str) -> None:
         """A node that can probe and be probed."""
@@ -188,7 +187,6 @@ class ProbeBook:
             chosen = self._rng.sample(fresh, min(self.per_round, len(fresh)))
         spare = [p for p in peers if p not in done and p not in chosen]
         chosen += self._rng.sample(spare, min(self.random_per_round, len(spare)))
-        self.probes_requested += len(chosen)
         return chosen
 
     def _descend(self, node: str, peers: list[str], inf: ProbeInference) -> list[str]:
@@ -250,7 +248,6 @@ class ProbeCoordinator:
         self.interval_s = interval_s
         self._addresses: dict[str, str] = {}
         self._next_round: dict[str, float] = {}
-        self._tiers: dict[str, tuple[str, ...]] = {}
         self.results = 0
 
     def address(self, node: str, address: str) -> None:
@@ -284,5 +281,4 @@ class ProbeCoordinator:
 
     def refresh(self) -> dict[str, tuple[str, ...]]:
         """Inferred tiers of every measured node."""
-        self._tiers = self.book.tiers()
-        return self._tiers
+        return self.book.tiers()

@@ -123,9 +123,7 @@ class PublisherStats:
     errors: int = 0
     planned: int = 0
     foreign: Counter[str] = field(default_factory=Counter)
-    nodes_without_object: int = 0
     warm: bool = False
-    last_error: str = ""
 
 
 class LabelPublisher:
@@ -190,7 +188,10 @@ class LabelPublisher:
         Two labels depend on other nodes: the NVLink domain size (the whole domain's GPUs) and
         a tier value that became ambiguous (reused under another parent) or stopped being so.
         When either moves, every node it concerns is marked, not only the one that reported.
+        Reservations are ignored: no label depends on which GPUs are held.
         """
+        if kind == "allocation":
+            return
         self.mark(node)
         index = self.state.index
         domain = index.domain_of(node, NVLINK)
@@ -248,7 +249,6 @@ class LabelPublisher:
                 continue  # relist
             except KubeError as err:
                 self.stats.errors += 1
-                self.stats.last_error = str(err)
                 log.warning("watching nodes failed (%s); retrying in %.1fs", err, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
@@ -318,7 +318,6 @@ class LabelPublisher:
                 raise
             except KubeError as err:
                 self.stats.errors += 1
-                self.stats.last_error = str(err)
                 log.warning("labelling %s failed: %s", name, err)
                 self._dirty[name] = self._clock() + 5.0  # try again later
             except Exception:
@@ -333,8 +332,6 @@ class LabelPublisher:
         """The patch a node needs now (None: nothing is known that would justify one)."""
         node = self.cache.get(name)
         if node is None:
-            if self.state.record(name) is not None:
-                self.stats.nodes_without_object += 1
             return None
         rec = self.state.record(name)
         scheme = self.scheme

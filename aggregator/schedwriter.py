@@ -83,7 +83,7 @@ class SchedulerObjectWriter:
 
     async def run(self) -> None:
         """Sync now, then after topology changes (settled) and every `interval_s`."""
-        unsubscribe = self.state.subscribe(lambda kind, node: self._changed.set())
+        unsubscribe = self.state.subscribe(self._heard)
         try:
             while True:
                 self._changed.clear()
@@ -95,6 +95,12 @@ class SchedulerObjectWriter:
                     pass
         finally:
             unsubscribe()
+
+    def _heard(self, kind: str, node: str) -> None:
+        """Wake for changes that can move a fabric position, the objects' only input:
+        reservations and staleness cannot (stale nodes keep their place)."""
+        if kind not in ("allocation", "stale"):
+            self._changed.set()
 
     async def sync(self) -> None:
         """One pass over every kind."""

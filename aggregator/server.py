@@ -108,6 +108,7 @@ class Aggregator:
         if inventory is not None and config.inventory_nodes:
             self._add_inventory_nodes(inventory)
         self.probes = ProbeCoordinator(interval_s=config.probe_interval_s)
+        self.state.subscribe(self._forget_silent_prober)
         self.reporter = ReporterService(
             self.state,
             heartbeat_interval_s=config.heartbeat_interval_s,
@@ -186,6 +187,12 @@ class Aggregator:
             )
             for node, gpus in used.items()
         )
+
+    def _forget_silent_prober(self, kind: str, node: str) -> None:
+        """A node that went stale (or was removed) answers no probes: peers are no longer sent
+        to it, until its next report names its probe address again."""
+        if kind in ("stale", "removed"):
+            self.probes.forget(node)
 
     @property
     def grpc_target(self) -> str:

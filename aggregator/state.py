@@ -131,7 +131,11 @@ class ClusterState:
     # --- observers ------------------------------------------------------------------------
 
     def subscribe(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
-        """Call `listener(kind, node)` on every change; returns an unsubscribe function."""
+        """Call `listener(kind, node)` on every change; returns an unsubscribe function.
+
+        Kinds: `node` (reported topology, merged fabric, or back from stale), `labels`,
+        `removed`, `stale`, `allocation` (reservations: only free GPUs moved).
+        """
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
@@ -147,9 +151,10 @@ class ClusterState:
         if rec is None:
             self.index.remove(node)
             return
-        free = rec.topology.gpu_count - len(self._held.get(node, ()))
         placeable = rec.topology.gpu_count > 0 and node not in self._known_stale
-        self.index.update(rec.topology, free=free, placeable=placeable, labels=rec.labels)
+        self.index.update(
+            rec.topology, free=len(self.free_gpus(node)), placeable=placeable, labels=rec.labels
+        )
 
     # --- the merged fabric position ---------------------------------------------------------
 
@@ -168,16 +173,22 @@ class ClusterState:
         """
         changed = []
         for name in sorted(self._nodes if nodes is None else set(nodes) & set(self._nodes)):
-            rec = self._nodes[name]
-            if rec.reported is None:
-                continue
-            topo, rec.resolution = self._effective(name, rec.reported)
-            if topo != rec.topology:
-                rec.topology = topo
-                rec.generation += 1
+            if self._remerge(name, self._nodes[name]):
                 changed.append(name)
                 self._changed("node", name)
         return changed
+
+    def _remerge(self, name: str, rec: NodeRecord) -> bool:
+        """Merge a node's fabric sources again; True (and a new node generation) when the
+        topology placement sees changed."""
+        if rec.reported is None:
+            return False
+        topo, rec.resolution = self._effective(name, rec.reported)
+        if topo == rec.topology:
+            return False
+        rec.topology = topo
+        rec.generation += 1
+        return True
 
     # --- reports --------------------------------------------------------------------------
 
@@ -218,17 +229,26 @@ class ClusterState:
         self._changed("node", name)
         return ReportOutcome.ACCEPTED
 
+    def _next_in_stream(
+        self, node: str, incarnation: int, sequence: int
+    ) -> NodeRecord | ReportOutcome:
+        """The node's record when a delta or heartbeat continues its accepted stream, else the
+        outcome: RESYNC without a snapshot of this incarnation to build on, IGNORED for an older
+        incarnation or a sequence not newer than the last accepted one."""
+        rec = self._nodes.get(node)
+        if rec is None or incarnation > rec.incarnation:
+            return ReportOutcome.RESYNC
+        if incarnation < rec.incarnation or sequence <= rec.sequence:
+            return ReportOutcome.IGNORED
+        return rec
+
     def apply_delta(
         self, node: str, delta: NodeDelta, *, incarnation: int, sequence: int
     ) -> ReportOutcome:
         """Apply changes on top of the node's snapshot of the same incarnation."""
-        rec = self._nodes.get(node)
-        if rec is None or incarnation != rec.incarnation:
-            if rec is not None and incarnation < rec.incarnation:
-                return ReportOutcome.IGNORED
-            return ReportOutcome.RESYNC
-        if sequence <= rec.sequence:
-            return ReportOutcome.IGNORED
+        rec = self._next_in_stream(node, incarnation, sequence)
+        if isinstance(rec, ReportOutcome):
+            return rec
         now = self._clock()
         was_stale = self._is_stale(rec, now)
         reported = apply_delta(rec.reported or rec.topology, delta)
@@ -242,13 +262,9 @@ class ClusterState:
 
     def heartbeat(self, node: str, *, incarnation: int, sequence: int) -> ReportOutcome:
         """Note that a node is alive."""
-        rec = self._nodes.get(node)
-        if rec is None or incarnation != rec.incarnation:
-            if rec is not None and incarnation < rec.incarnation:
-                return ReportOutcome.IGNORED
-            return ReportOutcome.RESYNC
-        if sequence <= rec.sequence:
-            return ReportOutcome.IGNORED
+        rec = self._next_in_stream(node, incarnation, sequence)
+        if isinstance(rec, ReportOutcome):
+            return rec
         now = self._clock()
         was_stale = self._is_stale(rec, now)
         rec.sequence, rec.last_report = sequence, now
@@ -271,8 +287,7 @@ class ClusterState:
         if rec is None:
             return
         rec.labels = dict(labels)
-        if rec.reported is not None:
-            rec.topology, rec.resolution = self._effective(node, rec.reported)
+        self._remerge(node, rec)
         self._changed("labels", node)
 
     def forget_labels(self, node: str) -> None:
@@ -359,12 +374,7 @@ class ClusterState:
             return self._snapshot
         previous = self._snapshot
         if previous is not None and self._only_allocations_moved(previous, stale):
-            changes = {
-                name: frozenset(range(self._nodes[name].topology.gpu_count))
-                - frozenset(self._held.get(name, ()))
-                for name in self._dirty
-                if name in self._nodes
-            }
+            changes = {name: self.free_gpus(name) for name in self._dirty if name in self._nodes}
             self._snapshot = previous.with_free(changes, generation=self.generation)
         else:
             self._snapshot = self._rebuild(stale, previous)
@@ -387,14 +397,12 @@ class ClusterState:
 
     def _rebuild(self, stale: frozenset[str], previous: ClusterSnapshot | None) -> ClusterSnapshot:
         """Every node's state afresh (sharing what is unchanged with `previous`)."""
-        held = self.held_gpus()
         states = []
         for name, rec in self._nodes.items():
-            all_gpus = frozenset(range(rec.topology.gpu_count))
             states.append(
                 NodeState(
                     topology=rec.topology,
-                    free=all_gpus - held.get(name, frozenset()),
+                    free=self.free_gpus(name),
                     labels=dict(rec.labels),
                     placeable=name not in stale and rec.topology.gpu_count > 0,
                     reason="stale"
@@ -407,6 +415,17 @@ class ClusterState:
         )
 
     # --- reservations ---------------------------------------------------------------------
+
+    def free_gpus(self, node: str) -> frozenset[int]:
+        """GPUs of a node that no live reservation holds (empty for an unknown node).
+
+        Reservations may still hold GPUs a node no longer reports (it came back with fewer):
+        those are held, but never counted against the GPUs it has.
+        """
+        rec = self._nodes.get(node)
+        if rec is None:
+            return frozenset()
+        return frozenset(range(rec.topology.gpu_count)).difference(self._held.get(node, ()))
 
     def held_gpus(self) -> dict[str, frozenset[int]]:
         """GPUs held by live reservations and commitments, per node."""

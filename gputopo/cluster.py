@@ -53,6 +53,7 @@ __all__ = [
     "NodeClass",
     "NodeShape",
     "NodeState",
+    "domain_ids",
     "node_shape",
     "nvlink_islands",
 ]
@@ -133,6 +134,12 @@ def _domain_ids(state: NodeState) -> Mapping[Scope, str]:
     if zone:
         ids[Scope.ZONE] = zone
     return MappingProxyType(ids)
+
+
+def domain_ids(topology: NodeTopology, labels: Mapping[str, str]) -> Mapping[Scope, str]:
+    """A node's domain id at each scope, as every snapshot holding the node keys its domains
+    (`ClusterSnapshot.domain_of`), without building one: no shape or index is computed."""
+    return _domain_ids(NodeState(topology, frozenset(), labels))
 
 
 def _cell(name: str, ids: Mapping[Scope, str]) -> Cell:

@@ -255,13 +255,8 @@ def parse_inventory(text: str, *, source: str = "inventory") -> Inventory:
             raise InventoryError(where, "overrides a node no block declares")
         over = _mapping(raw, where)
         node = nodes[name]
-        nodes[name] = InventoryNode(
-            name=name,
-            tiers=node.tiers,
-            accelerator_domain=node.accelerator_domain,
-            accelerator_sub_domain=node.accelerator_sub_domain,
-            labels=node.labels,
-            annotations=node.annotations,
+        nodes[name] = replace(
+            node,
             profile=_str(over.get("nodeProfile", node.profile), f"{where}.nodeProfile"),
             used=_indices(over["used"], f"{where}.used") if "used" in over else node.used,
         )

@@ -441,7 +441,9 @@ def _memory(conn: Connection, nodes: int, profile: str) -> None:
         topo = topology_from_proto(msg)
         gpus += topo.gpu_count
         state.apply_snapshot(topo, incarnation=1, sequence=1)
-    snapshot = state.snapshot()
+    # Snapshots build their placement indexes on first use; build them now, as the first
+    # placement would, so that the figure includes them.
+    snapshot = state.snapshot().indexed()
     loaded = time.perf_counter() - began
     conn.send(
         {

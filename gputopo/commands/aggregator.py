@@ -3,8 +3,35 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aggregator.labels import LabelScheme
 
 HELP = "run the aggregator (Reporter and Placement gRPC, HTTP endpoints)"
+
+LABEL_PROFILES = ("topograph-v1", "topograph-v0", "own")  # aggregator.labels.Profile
+
+
+def add_label_arguments(parser: argparse._ActionsContainer, *, profile_help: str) -> None:
+    """`--label-profile` and `--label-prefix`: the label keys this command writes, and the
+    keys `gputopo export`'s objects name (which must be the same ones)."""
+    parser.add_argument(
+        "--label-profile",
+        choices=LABEL_PROFILES,
+        default="topograph-v1",
+        help=profile_help,
+    )
+    parser.add_argument(
+        "--label-prefix", default="gputopo.io/", help="prefix of the project's own label keys"
+    )
+
+
+def label_scheme(args: argparse.Namespace) -> LabelScheme:
+    """The label scheme the options of `add_label_arguments` chose."""
+    from aggregator.labels import LabelScheme
+
+    return LabelScheme(profile=args.label_profile, prefix=args.label_prefix)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,15 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print the label patches it would send instead of sending them",
     )
-    kube.add_argument(
-        "--label-profile",
-        choices=("topograph-v1", "topograph-v0", "own"),
-        default="topograph-v1",
-        help="which label keys to write (default %(default)s)",
-    )
-    kube.add_argument(
-        "--label-prefix", default="gputopo.io/", help="prefix of the project's own label keys"
-    )
+    add_label_arguments(kube, profile_help="which label keys to write (default %(default)s)")
     kube.add_argument(
         "--label-qps",
         type=float,
@@ -111,7 +130,6 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from aggregator.kube import KubeClient, KubeError
-    from aggregator.labels import LabelScheme
     from aggregator.leader import LeaseConfig
     from aggregator.publisher import PublisherConfig
     from aggregator.server import Aggregator, AggregatorConfig, KubeOptions
@@ -123,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     kube_options = KubeOptions(
         publish_labels=not args.no_labels,
         publisher=PublisherConfig(
-            scheme=LabelScheme(profile=args.label_profile, prefix=args.label_prefix),
+            scheme=label_scheme(args),
             qps=args.label_qps,
             burst=args.label_burst,
             dry_run=args.dry_run,

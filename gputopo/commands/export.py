@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from gputopo.commands.aggregator import add_label_arguments, label_scheme
+
 HELP = "write Slurm topology.conf, Kueue/KAI Topology or Volcano HyperNodes to stdout"
 
 FORMATS = ("slurm", "kueue", "kai", "volcano")
@@ -28,20 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="slurm: topology/block over NVLink domains instead of topology/tree",
     )
-    parser.add_argument(
-        "--label-profile",
-        choices=("topograph-v1", "topograph-v0", "own"),
-        default="topograph-v1",
-        help="label keys the Topology levels name (as the aggregator publishes them)",
-    )
-    parser.add_argument(
-        "--label-prefix", default="gputopo.io/", help="prefix of the project's own label keys"
+    add_label_arguments(
+        parser,
+        profile_help="label keys the Topology levels name (as the aggregator publishes them)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     """Write the chosen format."""
-    import json
     import sys
     import urllib.request
 
@@ -56,9 +52,7 @@ def run(args: argparse.Namespace) -> int:
         volcano_hypernodes,
     )
     from aggregator.fabric import FabricSources
-    from aggregator.labels import LabelScheme
     from gputopo.inventory import InventoryError, load_inventory
-    from gputopo.topology import FabricPosition
 
     nodes: list[Placed]
     if args.inventory:
@@ -72,25 +66,23 @@ def run(args: argparse.Namespace) -> int:
             Placed(name, sources.resolve_node(name, None, {}).fabric) for name in inventory.nodes
         ]
     elif args.aggregator:
+        from google.protobuf import json_format
+
+        from gputopo.codec import fabric_from_proto
+        from gputopo.v1 import topology_pb2 as tpb
+
+        # /api/v1/topology is a ClusterTopology in protobuf's JSON mapping: read it back as one.
         url = args.aggregator.rstrip("/") + "/api/v1/topology?links=false"
         try:
             with urllib.request.urlopen(url, timeout=30) as response:
-                data = json.load(response)
-        except (OSError, ValueError) as err:
+                cluster = json_format.Parse(
+                    response.read(), tpb.ClusterTopology(), ignore_unknown_fields=True
+                )
+        except (OSError, ValueError, json_format.ParseError) as err:
             print(f"gputopo export: cannot read {url}: {err}", file=sys.stderr)
             return 2
         nodes = [
-            Placed(
-                n["topology"]["name"],
-                FabricPosition(
-                    tiers=tuple(n["topology"]["fabric"].get("tiers", ())),
-                    accelerator_domain=n["topology"]["fabric"].get("accelerator_domain", ""),
-                    accelerator_sub_domain=n["topology"]["fabric"].get(
-                        "accelerator_sub_domain", ""
-                    ),
-                ),
-            )
-            for n in data.get("nodes", [])
+            Placed(n.topology.name, fabric_from_proto(n.topology.fabric)) for n in cluster.nodes
         ]
     else:
         from gputopo.demo import demo_nodes
@@ -99,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         # NVL72 rack's partition), so the objects name the labels it publishes.
         sources = FabricSources()
         nodes = [Placed(n.name, sources.resolve_node(n.name, n, {}).fabric) for n in demo_nodes()]
-    scheme = LabelScheme(profile=args.label_profile, prefix=args.label_prefix)
+    scheme = label_scheme(args)
     if args.format == "slurm":
         sys.stdout.write(slurm_block(nodes) if args.block else slurm_tree(nodes))
         return 0

@@ -12,12 +12,15 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
+from aggregator.labels import Profile
 from aggregator.server import Aggregator, AggregatorConfig
 from exporter.simulate import SimulatedExporters
 from gputopo.cli import main
+from gputopo.commands.aggregator import LABEL_PROFILES
 from gputopo.placement import place
 from gputopo.request import request_from_mapping
 from tests.aggregator.kubeutil import create_nodes, read_nodes, run
@@ -200,3 +203,7 @@ def test_export_reads_a_running_aggregator(capsys: pytest.CaptureFixture[str]) -
         "# switch.1.2=leaf-0-1\n"
         "SwitchName=switch.1.2 Nodes=x-01-[0-1]\n"
     )
+
+
+def test_the_commands_offer_exactly_the_label_profiles_there_are() -> None:
+    assert get_args(Profile) == LABEL_PROFILES

@@ -8,6 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aggregator.indexes import DomainIndex
+from aggregator.ingest import IngestStats
+from aggregator.metrics import AggregatorCollector, Sources
 from aggregator.state import ClusterState
 from gputopo.placement import place
 from gputopo.request import Scope, request_from_mapping
@@ -46,6 +48,7 @@ def incremental(index: DomainIndex) -> dict[tuple[str, str], tuple[int, int]]:
 
 
 NAMES = [f"n{i}" for i in range(6)]
+T = ("leaf-a", "spine-1")
 operation = st.one_of(
     st.tuples(
         st.just("report"),
@@ -111,3 +114,30 @@ def test_a_tier_name_reused_under_two_parents_is_ambiguous() -> None:
     assert set(index.domains("tier-0")) == {"spine-1/rack-1", "spine-2/rack-1"}
     index.remove("b")
     assert not index.tier_value_is_ambiguous(0, "rack-1")
+
+
+def test_gpus_held_beyond_a_shrunken_node_are_not_counted_against_its_free_ones() -> None:
+    """A node reports again with fewer GPUs while reservations still hold some of the ones it
+    lost: it has no free GPUs, never a negative number (in the index and in the metrics)."""
+    state = ClusterState(clock=Clock(), stale_after_s=30)
+    state.apply_snapshot(nvswitch_node("n0", gpus=4, nics=1, tiers=T), incarnation=1, sequence=1)
+    one = request_from_mapping({"groups": [{"name": "g", "gpus_per_pod": 1}]})
+    for _ in range(3):
+        result, _ = place(state.snapshot(), one)
+        state.reserve(result, ttl_s=25)
+    state.apply_snapshot(nvswitch_node("n0", gpus=2, nics=1, tiers=T), incarnation=1, sequence=2)
+    assert state.held_gpus() == {"n0": frozenset({0, 1, 2})}
+    assert (
+        incremental(state.index)
+        == from_scratch(state)
+        == {
+            ("tier-0", "spine-1/leaf-a"): (2, 0),
+            ("tier-1", "spine-1"): (2, 0),
+        }
+    )
+    samples = {
+        (m.name, tuple(sorted(s.labels.items()))): s.value
+        for m in AggregatorCollector(Sources(state=state, ingest=IngestStats())).collect()
+        for s in m.samples
+    }
+    assert samples[("gputopo_aggregator_gpus", (("state", "free"),))] == 0

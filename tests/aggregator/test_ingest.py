@@ -359,3 +359,53 @@ def test_probe_targets_are_sent_and_results_feed_the_inference() -> None:
             await call.done_writing()
 
     run(with_aggregator(body))
+
+
+def test_a_node_gone_stale_is_no_longer_a_probe_target() -> None:
+    """Peers are not sent to probe a node that stopped reporting: its probes would fail, and as
+    its group's representative it would hold up every newcomer's descent."""
+    now = [1000.0]
+
+    async def body() -> None:
+        # Housekeeping stays out of the way: the test announces staleness itself.
+        config = AggregatorConfig(stale_after_s=30, housekeeping_interval_s=3600)
+        agg = Aggregator(config, clock=lambda: now[0])
+        await agg.start()
+        try:
+            async with grpc.aio.insecure_channel(agg.grpc_target) as channel:
+                stub = rgrpc.ReporterStub(channel)
+                calls = {}
+                for name, port in (("a1", 9001), ("b1", 9002)):
+                    calls[name] = stub.Report()
+                    await calls[name].write(
+                        rpb.ReportRequest(
+                            node_name=name,
+                            incarnation=1,
+                            sequence=1,
+                            probe_address=f"127.0.0.1:{port}",
+                            snapshot=rpb.Snapshot(
+                                topology=topology_to_proto(nvswitch_node(name, gpus=2, nics=1))
+                            ),
+                        )
+                    )
+                    await calls[name].read()
+                now[0] += 31  # both go silent; only a1 comes back
+                assert agg.state.check_stale() == ["a1", "b1"]
+                await calls["a1"].write(
+                    rpb.ReportRequest(
+                        node_name="a1",
+                        incarnation=1,
+                        sequence=2,
+                        probe_address="127.0.0.1:9001",
+                        heartbeat=rpb.Heartbeat(),
+                    )
+                )
+                resp = await calls["a1"].read()
+                assert resp.status == ACCEPTED
+                assert [t.node_name for t in resp.probe_targets] == []
+                for call in calls.values():
+                    await call.done_writing()
+        finally:
+            await agg.stop(grace_s=0.1)
+
+    run(body())

@@ -193,3 +193,17 @@ def test_derived_snapshots_equal_a_fresh_rebuild(steps: list[str]) -> None:
     for scope in (Scope.NODE, Scope.LEAF, Scope.SPINE, Scope.CLUSTER):
         for domain, members in fresh.domains(scope).items():
             assert handed_out.free_in(handed_out.domains(scope)[domain]) == fresh.free_in(members)
+
+
+def test_a_fabric_position_from_labels_moves_the_node_generation(state: ClusterState) -> None:
+    """Labels written by others are a fabric source: when they move a node's merged topology,
+    its generation moves as for any other change of that topology; when they do not, it stays."""
+    state.apply_snapshot(NODE, incarnation=5, sequence=1)
+    rec = state.record("n1")
+    assert rec is not None
+    before = rec.generation
+    state.set_labels("n1", {"fabric.topograph.run/tier-0": "leaf-7"})
+    assert rec.topology.fabric.tiers == ("leaf-7",)
+    assert rec.generation == before + 1
+    state.set_labels("n1", {"fabric.topograph.run/tier-0": "leaf-7", "team": "a"})
+    assert rec.generation == before + 1
