@@ -22,6 +22,7 @@ Rules the calls follow, and why:
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
@@ -46,39 +47,14 @@ from exporter.readings import (
 from gputopo.importers._lists import format_cpulist
 from gputopo.topology import NvmlStatus
 
-__all__ = [
-    "ERROR_CODES",
-    "NVLINK_MAX_LINKS",
-    "NVMLError",
-    "Nvml",
-    "NvmlLibrary",
-    "fabric_info_struct",
-    "memory_struct",
-    "nvml_error",
-    "pci_info_struct",
-    "utilization_struct",
-]
+__all__ = ["NVLINK_MAX_LINKS", "Nvml", "NvmlLibrary"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-NVMLError: type[Exception] = pynvml.NVMLError
 NVLINK_MAX_LINKS: int = pynvml.NVML_NVLINK_MAX_LINKS
 
-# The NVML return codes the fake and the rules below use, by name.
-ERROR_CODES: dict[str, int] = {
-    "UNINITIALIZED": pynvml.NVML_ERROR_UNINITIALIZED,
-    "INVALID_ARGUMENT": pynvml.NVML_ERROR_INVALID_ARGUMENT,
-    "NOT_SUPPORTED": pynvml.NVML_ERROR_NOT_SUPPORTED,
-    "NO_PERMISSION": pynvml.NVML_ERROR_NO_PERMISSION,
-    "NOT_FOUND": pynvml.NVML_ERROR_NOT_FOUND,
-    "DRIVER_NOT_LOADED": pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
-    "LIBRARY_NOT_FOUND": pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
-    "FUNCTION_NOT_FOUND": pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
-    "GPU_IS_LOST": pynvml.NVML_ERROR_GPU_IS_LOST,
-    "UNKNOWN": pynvml.NVML_ERROR_UNKNOWN,
-}
 _NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
 _INVALID_ARGUMENT = pynvml.NVML_ERROR_INVALID_ARGUMENT
 _FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
@@ -103,7 +79,15 @@ _INIT_REASONS = {
 
 
 class NvmlLibrary(Protocol):
-    """The part of pynvml's API gputopo calls (names and argument order as in pynvml)."""
+    """The part of pynvml's API gputopo calls (names and argument order as in pynvml).
+
+    The real `pynvml` module, or a copy of it over a fake C library (`exporter.fake_nvml`):
+    errors are caught as the library's own `NVMLError`, and structs the caller fills are made
+    from the library's own classes, so both stay the wheel's.
+    """
+
+    NVMLError: type[Exception]
+    c_nvmlGpuFabricInfoV_t: Callable[[], Any]  # noqa: N815 - pynvml's name
 
     def nvmlInit(self) -> None: ...  # noqa: N802 - pynvml's names
     def nvmlShutdown(self) -> None: ...  # noqa: N802
@@ -133,55 +117,18 @@ class NvmlLibrary(Protocol):
     def nvmlDeviceGetNvLinkErrorCounter(  # noqa: N802
         self, handle: Any, link: int, counter: int, /
     ) -> int: ...
-    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, info: Any, /) -> int: ...  # noqa: N802
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, info: Any, /) -> int: ...  # noqa: N802 - info: a pointer (ctypes.byref)
     def nvmlDeviceGetUtilizationRates(self, handle: Any, /) -> Any: ...  # noqa: N802
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any, /) -> list[Any]: ...  # noqa: N802
-
-
-def nvml_error(name: str) -> Exception:
-    """The `NVMLError` subclass pynvml raises for a return code, by name (`"NOT_SUPPORTED"`)."""
-    error: Exception = pynvml.NVMLError(ERROR_CODES[name])
-    return error
-
-
-def pci_info_struct(*, bus_id: str, device_id: int = 0) -> Any:
-    """An `nvmlPciInfo_t` as NVML fills it (bus id with an 8-digit domain)."""
-    domain, bus, devfn = normalise_bus_id(bus_id).split(":")
-    device, function = devfn.split(".")
-    info = pynvml.nvmlPciInfo_t()
-    long_id = f"{int(domain, 16):08X}:{bus.upper()}:{device.upper()}.{function}"
-    info.busId = long_id.encode()
-    info.busIdLegacy = long_id.encode()
-    info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(device, 16)
-    info.pciDeviceId = device_id
-    return info
-
-
-def memory_struct(*, total_bytes: int) -> Any:
-    """A `c_nvmlMemory_t` with nothing used."""
-    memory = pynvml.c_nvmlMemory_t()
-    memory.total, memory.free, memory.used = total_bytes, total_bytes, 0
-    return memory
-
-
-def utilization_struct(*, gpu_percent: int, memory_percent: int = 0) -> Any:
-    """A `c_nvmlUtilization_t`."""
-    util = pynvml.c_nvmlUtilization_t()
-    util.gpu, util.memory = gpu_percent, memory_percent
-    return util
-
-
-def fabric_info_struct() -> Any:
-    """An empty `c_nvmlGpuFabricInfoV_t` (version set), as callers pass it to be filled."""
-    return pynvml.c_nvmlGpuFabricInfoV_t()
 
 
 class _Calls:
     """Makes NVML calls that degrade: an error becomes None and, unless expected, a problem."""
 
-    def __init__(self) -> None:
+    def __init__(self, error: type[Exception]) -> None:
         self.problems: list[str] = []
         self.errors = 0
+        self._error = error
 
     def get(
         self,
@@ -193,8 +140,8 @@ class _Calls:
         """`call(*args)`, or None when NVML fails; `absent=None` expects any error."""
         try:
             return call(*args)
-        except pynvml.NVMLError as error:
-            if absent is not None and error.value not in absent:
+        except self._error as error:
+            if absent is not None and _code(error) not in absent:
                 self.errors += 1
                 self.problems.append(f"{what}: {error}")
             return None
@@ -233,15 +180,15 @@ class Nvml:
             return self._status
         try:
             self._lib.nvmlInit()
-        except pynvml.NVMLError as error:
-            reason = _INIT_REASONS.get(error.value, f"nvmlInit failed: {error}")
+        except self._lib.NVMLError as error:
+            reason = _INIT_REASONS.get(_code(error), f"nvmlInit failed: {error}")
             self._status = NvmlStatus(up=False, reason=reason)
             return self._status
         except OSError as error:  # a broken libnvidia-ml.so that cannot be loaded
             self._status = NvmlStatus(up=False, reason=f"cannot load NVML: {error}")
             return self._status
         self._up = True
-        calls = _Calls()
+        calls = _Calls(self._lib.NVMLError)
         driver = calls.get("nvmlSystemGetDriverVersion", self._lib.nvmlSystemGetDriverVersion)
         cuda = calls.get("nvmlSystemGetCudaDriverVersion", self._lib.nvmlSystemGetCudaDriverVersion)
         self._status = NvmlStatus(
@@ -255,7 +202,7 @@ class Nvml:
         """Shut NVML down if it is up."""
         with self._lock:
             if self._up:
-                _Calls().get("nvmlShutdown", self._lib.nvmlShutdown)
+                _Calls(self._lib.NVMLError).get("nvmlShutdown", self._lib.nvmlShutdown)
                 self._up = False
                 self._status = NvmlStatus(up=False, reason="NVML closed")
 
@@ -265,7 +212,7 @@ class Nvml:
             status = self._open()
             if not status.up:
                 return NvmlReading(status=status)
-            calls = _Calls()
+            calls = _Calls(self._lib.NVMLError)
             count = calls.get("nvmlDeviceGetCount", self._lib.nvmlDeviceGetCount) or 0
             handles: dict[int, Any] = {}
             for index in range(count):
@@ -301,7 +248,7 @@ class Nvml:
         with self._lock:
             if not self._open().up:
                 return ()
-            calls = _Calls()
+            calls = _Calls(self._lib.NVMLError)
             found = []
             for index in range(calls.get("count", self._lib.nvmlDeviceGetCount) or 0):
                 handle = calls.get("handle", self._lib.nvmlDeviceGetHandleByIndex, index)
@@ -362,10 +309,10 @@ class Nvml:
             # says NOT_SUPPORTED for link 0 and every other, so stop asking.
             try:
                 state = lib.nvmlDeviceGetNvLinkState(handle, link)
-            except pynvml.NVMLError as error:
-                if error.value == _NOT_SUPPORTED and link == 0:
+            except self._lib.NVMLError as error:
+                if _code(error) == _NOT_SUPPORTED and link == 0:
                     break
-                if error.value not in (_NOT_SUPPORTED, _INVALID_ARGUMENT):
+                if _code(error) not in (_NOT_SUPPORTED, _INVALID_ARGUMENT):
                     calls.errors += 1
                     calls.problems.append(f"{where} nvmlDeviceGetNvLinkState: {error}")
                 continue
@@ -413,12 +360,14 @@ class Nvml:
         return tuple(found)
 
     def _fabric(self, me: str, handle: Any, calls: _Calls) -> FabricReading | None:
-        info = pynvml.c_nvmlGpuFabricInfoV_t()
+        # pynvml hands this argument to C as it is: the struct must go by pointer (a struct
+        # passed by value is read as an address by libnvidia-ml and kills the process).
+        info = self._lib.c_nvmlGpuFabricInfoV_t()
         done = calls.get(
             f"{me} nvmlDeviceGetGpuFabricInfoV",
             self._lib.nvmlDeviceGetGpuFabricInfoV,
             handle,
-            info,
+            ctypes.byref(info),
         )
         if done is None or info.state == _FABRIC_STATE_NOT_SUPPORTED:
             return None
@@ -447,6 +396,11 @@ class Nvml:
             common_ancestor=level,
             p2p_read=_p2p_status(p2p),
         )
+
+
+def _code(error: Exception) -> int:
+    """NVML's return code carried by an `NVMLError`."""
+    return int(getattr(error, "value", -1))
 
 
 def _bits(words: Sequence[int]) -> list[int]:

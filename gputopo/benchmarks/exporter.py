@@ -86,7 +86,9 @@ def measure_discovery(*, samples: int) -> dict[str, object]:
     text = read_recording(recording.file)
     with tempfile.TemporaryDirectory() as root:
         discovery = Discovery(
-            node_name="bench", nvml=Nvml(FakeNvml(fake)), sysfs=Sysfs(write_sysfs(fake, Path(root)))
+            node_name="bench",
+            nvml=Nvml(FakeNvml(fake).library),
+            sysfs=Sysfs(write_sysfs(fake, Path(root))),
         )
         discovery.run()  # warm caches, as a running agent's passes are
         passes = []

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             except ValueError as error:
                 print(f"gputopo exporter: {error}", file=sys.stderr)
                 return 2
-            nvml = Nvml(FakeNvml(fake))
+            nvml = Nvml(FakeNvml(fake).library)
             sysfs_root = write_sysfs(fake, Path(stack.enter_context(tempfile.TemporaryDirectory())))
             machine = fake.topology.machine
         config = AgentConfig(

@@ -35,7 +35,7 @@ def fake_node(tmp_path: Path) -> Callable[..., FakeNode]:
         machine = FakeMachine.from_profile(profile, node_name=node_name)
         root = write_sysfs(machine, tmp_path / f"sys-{profile}-{node_name}")
         nvml = FakeNvml(machine, **nvml_options)  # type: ignore[arg-type]
-        discovery = Discovery(node_name=node_name, nvml=Nvml(nvml), sysfs=Sysfs(root))
+        discovery = Discovery(node_name=node_name, nvml=Nvml(nvml.library), sysfs=Sysfs(root))
         return FakeNode(machine=machine, nvml=nvml, sysfs_root=root, discovery=discovery)
 
     return build

@@ -51,7 +51,7 @@ def config(name: str, aggregator: str = "", **overrides: Any) -> AgentConfig:
 
 def fake_agent(node: FakeNode, aggregator: str = "", **overrides: Any) -> Agent:
     cfg = config(node.discovery.node_name, aggregator, sysfs_root=node.sysfs_root, **overrides)
-    return Agent(cfg, nvml=Nvml(node.nvml))
+    return Agent(cfg, nvml=Nvml(node.nvml.library))
 
 
 async def http_get(port: int, path: str) -> tuple[int, str]:
@@ -303,7 +303,7 @@ def test_healthz_fails_only_when_discovery_has_stopped_passing(
 
     async def scenario() -> None:
         cfg = config("ws", sysfs_root=node.sysfs_root, discovery_interval_s=60.0)
-        async with Agent(cfg, nvml=Nvml(node.nvml), clock=lambda: now[0]) as agent:
+        async with Agent(cfg, nvml=Nvml(node.nvml.library), clock=lambda: now[0]) as agent:
             assert (await http_get(agent.http_port, "/healthz"))[0] == 200
             now[0] += 3 * 60 + 59  # overdue, but within three intervals and a minute
             assert (await http_get(agent.http_port, "/healthz"))[0] == 200

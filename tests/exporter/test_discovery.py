@@ -98,7 +98,7 @@ def test_nvswitch_is_found_by_remote_device_type_not_by_peer_addresses(
 ) -> None:
     """On NVSwitch machines no NVLink ends at a peer GPU: matching addresses finds nothing."""
     node = fake_node("dgx-h100")
-    reading = Nvml(node.nvml).read()
+    reading = Nvml(node.nvml.library).read()
     peers = {g.pci_bus_id for g in reading.gpus}
     assert not any(lk.remote_bus_id in peers for g in reading.gpus for lk in g.nvlinks)
     found = node.discovery.run().topology
@@ -135,7 +135,9 @@ def test_gb200_fabric_info_is_read_into_every_gpu(tmp_path: Path) -> None:
     )
     fake = FakeMachine.from_topology(machine)
     discovery = Discovery(
-        node_name="tray-1", nvml=Nvml(FakeNvml(fake)), sysfs=Sysfs(write_sysfs(fake, tmp_path))
+        node_name="tray-1",
+        nvml=Nvml(FakeNvml(fake).library),
+        sysfs=Sysfs(write_sysfs(fake, tmp_path)),
     )
     found = discovery.run().topology
     assert {g.fabric.clique for g in found.gpus if g.fabric} == {
@@ -261,7 +263,7 @@ def test_any_nvswitch_node_built_for_a_test_is_discovered_as_built(
     built = replace(built, gpus=tuple(replace(g, memory_mib=1, name="G") for g in built.gpus))
     fake = FakeMachine.from_topology(built)
     with tempfile.TemporaryDirectory() as root:
-        reading = Nvml(FakeNvml(fake)).read()
+        reading = Nvml(FakeNvml(fake).library).read()
         sysfs = Sysfs(write_sysfs(fake, Path(root))).read(
             bus_ids=[g.pci_bus_id for g in reading.gpus]
         )
@@ -282,7 +284,7 @@ def test_any_bridged_pcie_server_is_discovered_as_built(
     built = pcie_node("p", bridged_pairs=pairs, bridge_lanes=lanes, numa_nodes=2, nics=0)
     fake = FakeMachine.from_topology(built)
     with tempfile.TemporaryDirectory() as root:
-        reading = Nvml(FakeNvml(fake)).read()
+        reading = Nvml(FakeNvml(fake).library).read()
         sysfs = Sysfs(write_sysfs(fake, Path(root))).read(
             bus_ids=[g.pci_bus_id for g in reading.gpus]
         )

@@ -185,7 +185,9 @@ def test_a_nic_that_is_down_takes_its_gpu_links_down(
 
     node = fake_node("dgx-h100")
     root = write_sysfs(node.machine, tmp_path / "down", nic_up={1: False})
-    topology = Discovery(node_name="n", nvml=Nvml(node.nvml), sysfs=Sysfs(root)).run().topology
+    topology = (
+        Discovery(node_name="n", nvml=Nvml(node.nvml.library), sysfs=Sysfs(root)).run().topology
+    )
     _want_nic_down(topology)
 
 

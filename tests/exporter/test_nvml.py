@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 
 import pynvml
 import pytest
 
 from exporter.fake_machine import FakeMachine
-from exporter.fake_nvml import FakeNvml
-from exporter.nvml import Nvml, nvml_error
-from exporter.readings import P2pStatus, RemoteType, normalise_bus_id, nvlink_generation
+from exporter.fake_nvml import FakeNvml, NvmlAbiError
+from exporter.nvml import Nvml
+from exporter.readings import (
+    FabricReading,
+    P2pStatus,
+    RemoteType,
+    normalise_bus_id,
+    nvlink_generation,
+)
 from tests.exporter.conftest import FakeNode
+
+NVL72_FABRIC = FabricReading(
+    cluster_uuid="9a4c8e3a-51f2-4b8e-9e0c-2f1d7c6b5a40", clique_id=7, state=3, health_mask=0
+)
 
 
 def test_on_this_machine_nvml_is_down_and_says_why() -> None:
@@ -24,37 +35,98 @@ def test_on_this_machine_nvml_is_down_and_says_why() -> None:
     nvml.close()  # nothing to shut down: no error either
 
 
-def test_the_fake_raises_the_wheels_error_classes() -> None:
+def test_the_fake_is_pynvml_itself_over_a_fake_c_library() -> None:
     fake = FakeNvml(FakeMachine.from_profile("workstation-2x-rtx5090", node_name="w"))
-    with pytest.raises(pynvml.NVMLError_Uninitialized):
-        fake.nvmlDeviceGetCount()
-    fake.nvmlInit()
-    handle = fake.nvmlDeviceGetHandleByIndex(0)
-    with pytest.raises(pynvml.NVMLError_NotSupported):
-        fake.nvmlDeviceGetNvLinkState(handle, 0)  # an RTX 5090 has no NVLink
-    with pytest.raises(pynvml.NVMLError_InvalidArgument):
-        fake.nvmlDeviceGetHandleByIndex(2)
-    assert isinstance(nvml_error("GPU_IS_LOST"), pynvml.NVMLError_GpuIsLost)
+    lib = fake.library
+    assert lib.nvmlDeviceGetCount.__code__.co_filename == pynvml.__file__  # the wheel's Python
+    with pytest.raises(lib.NVMLError_Uninitialized):
+        lib.nvmlDeviceGetCount()
+    lib.nvmlInit()
+    handle = lib.nvmlDeviceGetHandleByIndex(0)
+    assert isinstance(handle, lib.c_nvmlDevice_t)
+    with pytest.raises(lib.NVMLError_NotSupported):
+        lib.nvmlDeviceGetNvLinkState(handle, 0)  # an RTX 5090 has no NVLink
+    with pytest.raises(lib.NVMLError_InvalidArgument):
+        lib.nvmlDeviceGetHandleByIndex(2)
+    assert fake.calls["nvmlDeviceGetHandleByIndex"] == 2  # counted by pynvml's names
 
 
-def test_the_fake_answers_with_pynvml_types(fake_node: Callable[..., FakeNode]) -> None:
+def test_the_fake_answers_through_pynvml_structs(fake_node: Callable[..., FakeNode]) -> None:
     fake = fake_node("hgx-a100-roce").nvml
-    fake.nvmlInit()
-    handle = fake.nvmlDeviceGetHandleByIndex(0)
-    assert isinstance(fake.nvmlDeviceGetPciInfo(handle), pynvml.nvmlPciInfo_t)
-    assert fake.nvmlDeviceGetPciInfo(handle).busId == "00000000:18:00.0"  # 8-digit domain
-    assert isinstance(fake.nvmlDeviceGetMemoryInfo(handle), pynvml.c_nvmlMemory_t)
-    assert (
-        fake.nvmlDeviceGetNvLinkRemoteDeviceType(handle, 0) == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
-    )
-    assert fake.nvmlDeviceGetNvLinkVersion(handle, 0) == pynvml.NVML_NVLINK_VERSION_3_0
-    peer = fake.nvmlDeviceGetHandleByIndex(1)
-    with pytest.raises(TypeError):  # the wheel's NVML_P2P_CAPS_INDEX_READ is the tuple (0,)
-        fake.nvmlDeviceGetP2PStatus(handle, peer, pynvml.NVML_P2P_CAPS_INDEX_READ)
+    lib = fake.library
+    lib.nvmlInit()
+    handle = lib.nvmlDeviceGetHandleByIndex(0)
+    assert isinstance(lib.nvmlDeviceGetPciInfo(handle), lib.nvmlPciInfo_t)
+    assert lib.nvmlDeviceGetPciInfo(handle).busId == "00000000:18:00.0"  # 8-digit domain
+    assert lib.nvmlDeviceGetMemoryInfo(handle).total == 81920 * 1024 * 1024
+    assert lib.nvmlDeviceGetNvLinkRemoteDeviceType(handle, 0) == lib.NVML_NVLINK_DEVICE_TYPE_SWITCH
+    assert lib.nvmlDeviceGetNvLinkVersion(handle, 0) == lib.NVML_NVLINK_VERSION_3_0
+    assert lib.nvmlDeviceGetComputeRunningProcesses(handle) == []
+    fake.processes[0] = 2  # pynvml's two-call size protocol runs for real
+    assert [p.pid for p in lib.nvmlDeviceGetComputeRunningProcesses(handle)] == [1000, 1001]
+
+
+def test_a_struct_passed_by_value_fails_as_it_crashes_on_hardware(
+    fake_node: Callable[..., FakeNode],
+) -> None:
+    """The segfault of the first H100 run: the fabric struct went to C by value."""
+    fake = fake_node("gb200-tray").nvml
+    fake.fabric[0] = NVL72_FABRIC
+    lib = fake.library
+    lib.nvmlInit()
+    handle = lib.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(NvmlAbiError, match="by value"):
+        lib.nvmlDeviceGetGpuFabricInfoV(handle, lib.c_nvmlGpuFabricInfoV_t())
+    info = lib.c_nvmlGpuFabricInfoV_t()
+    lib.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+    assert info.state == lib.NVML_GPU_FABRIC_STATE_COMPLETED
+
+
+def test_a_fabric_struct_without_its_version_is_refused_like_nvml_does(
+    fake_node: Callable[..., FakeNode],
+) -> None:
+    lib = fake_node("gb200-tray").nvml.library
+    lib.nvmlInit()
+    handle = lib.nvmlDeviceGetHandleByIndex(0)
+    bare = lib.c_nvmlGpuFabricInfo_v2_t()
+    bare.version = 0
+    with pytest.raises(lib.NVMLError_ArgumentVersionMismatch):
+        lib.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(bare))
+
+
+def test_arguments_ctypes_cannot_pass_fail_before_c(fake_node: Callable[..., FakeNode]) -> None:
+    lib = fake_node("workstation-2x-rtx5090").nvml.library
+    lib.nvmlInit()
+    a, b = lib.nvmlDeviceGetHandleByIndex(0), lib.nvmlDeviceGetHandleByIndex(1)
+    with pytest.raises(ctypes.ArgumentError):  # the wheel's NVML_P2P_CAPS_INDEX_READ is (0,)
+        lib.nvmlDeviceGetP2PStatus(a, b, lib.NVML_P2P_CAPS_INDEX_READ)
+    assert lib.nvmlDeviceGetP2PStatus(a, b, 0) == lib.NVML_P2P_STATUS_OK
+    with pytest.raises(NvmlAbiError, match="device handle"):
+        lib.nvmlDeviceGetUUID(0)  # an index is not a handle
+
+
+def test_the_adapter_would_crash_on_hardware_if_it_passed_the_struct_by_value(
+    fake_node: Callable[..., FakeNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: main before this fix called `nvmlDeviceGetGpuFabricInfoV(handle, info)`."""
+    node = fake_node("gb200-tray")
+    node.nvml.fabric[0] = NVL72_FABRIC
+    assert Nvml(node.nvml.library).read().gpus[0].fabric == NVL72_FABRIC
+    monkeypatch.setattr(ctypes, "byref", lambda obj, offset=0: obj)  # the old, by-value call
+    with pytest.raises(NvmlAbiError):
+        Nvml(node.nvml.library).read()
+
+
+def test_no_driver_is_the_loader_failing_as_on_a_node_without_one(
+    fake_node: Callable[..., FakeNode],
+) -> None:
+    lib = fake_node("dgx-h100", driver=False).nvml.library
+    with pytest.raises(lib.NVMLError_LibraryNotFound):
+        lib.nvmlInit()
 
 
 def test_a_reading_has_every_gpu_fact_the_issue_lists(fake_node: Callable[..., FakeNode]) -> None:
-    reading = Nvml(fake_node("hgx-a100-roce").nvml).read()
+    reading = Nvml(fake_node("hgx-a100-roce").nvml.library).read()
     g = reading.gpus[5]
     assert g.uuid.startswith("GPU-")
     assert g.pci_bus_id == "0000:68:00.0"
@@ -84,7 +156,7 @@ def test_a_reading_has_every_gpu_fact_the_issue_lists(fake_node: Callable[..., F
 def test_p2p_status_reads_as_nvidia_smi_codes(fake_node: Callable[..., FakeNode]) -> None:
     node = fake_node("workstation-2x-rtx5090")
     node.nvml.p2p[(0, 1)] = P2pStatus.GPU_NOT_SUPPORTED  # as the recording's p2p block says
-    pair = Nvml(node.nvml).read().pair(1, 0)
+    pair = Nvml(node.nvml.library).read().pair(1, 0)
     assert pair is not None
     assert pair.p2p_read is P2pStatus.GPU_NOT_SUPPORTED
     assert pair.p2p_read.code == "GNS"
@@ -94,7 +166,7 @@ def test_a_driver_loaded_after_start_is_picked_up_on_the_next_read(
     fake_node: Callable[..., FakeNode],
 ) -> None:
     node = fake_node("g5-a10g-8x", driver=False)
-    nvml = Nvml(node.nvml)
+    nvml = Nvml(node.nvml.library)
     assert not nvml.read().status.up
     node.nvml.driver = True
     reading = nvml.read()
