@@ -82,7 +82,11 @@ def numa(index: int) -> DeviceRef:
 
 @dataclass(frozen=True, slots=True)
 class Measurement:
-    """One probe result: what was measured, how, and when (unix seconds)."""
+    """One probe result: what was measured, how, and when (unix seconds).
+
+    `gbps` is the median of `samples` samples; `low_gbps`/`high_gbps` their 10th and 90th
+    percentiles when the probe took several (a wide spread says the link was not steady).
+    """
 
     gbps: float
     method: str
@@ -90,6 +94,9 @@ class Measurement:
     duration_s: float = 0.0
     measured_at: float = 0.0
     latency_us: float | None = None
+    low_gbps: float | None = None
+    high_gbps: float | None = None
+    samples: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,9 +33,40 @@ from typing import Any, Protocol
 from exporter.readings import normalise_bus_id
 from gputopo.topology import Measurement
 
-__all__ = ["CudaCopyProbe", "CudaError", "GpuProbe", "UnavailableGpuProbe"]
+__all__ = ["CudaCopyProbe", "CudaError", "GpuProbe", "Rates", "UnavailableGpuProbe"]
 
 _MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Rates:
+    """The samples of one copy direction: median first, so the slower direction sorts first."""
+
+    median: float
+    low: float  # 10th percentile
+    high: float  # 90th percentile
+    samples: int
+
+    @classmethod
+    def of(cls, rates: list[float]) -> Rates:
+        """Median and 10th/90th percentiles (the extremes when there are few samples)."""
+        ordered = sorted(rates)
+        if len(ordered) < 3:
+            low, high = ordered[0], ordered[-1]
+        else:
+            deciles = statistics.quantiles(ordered, n=10, method="inclusive")
+            low, high = deciles[0], deciles[-1]
+        return cls(statistics.median(ordered), low, high, len(ordered))
+
+    def measurement(self, **fields: Any) -> Measurement:
+        """A `Measurement` of the median with its spread."""
+        return Measurement(
+            gbps=round(self.median, 3),
+            low_gbps=round(self.low, 3),
+            high_gbps=round(self.high, 3),
+            samples=self.samples,
+            **fields,
+        )
 
 
 class CudaError(RuntimeError):
@@ -90,22 +121,34 @@ class CudaCopyProbe:
         *,
         size_bytes: int = 256 * _MIB,
         copies: int = 4,
-        samples: int = 3,
+        min_samples: int = 11,
+        min_duration_s: float = 1.5,
+        max_samples: int = 60,
+        gap_s: float = 0.1,
         latency_copies: int = 100,
+        runtime: Any = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.size_bytes = size_bytes
         self.copies = copies
-        self.samples = samples
+        self.min_samples = min_samples
+        self.min_duration_s = min_duration_s
+        self.max_samples = max_samples
+        self.gap_s = gap_s
         self.latency_copies = latency_copies
+        self._runtime = runtime
         self._clock = clock
+        self._now = monotonic
+        self._sleep = sleep
         self._rt: Any = None
         self._devices: dict[str, int] = {}
 
     def available(self) -> tuple[bool, str]:
         """Load cuda-bindings and map CUDA devices to PCI addresses."""
         try:
-            rt = importlib.import_module("cuda.bindings.runtime")
+            rt = self._runtime or importlib.import_module("cuda.bindings.runtime")
         except ImportError:
             return False, "cuda-bindings is not installed (pip install 'gputopo[cuda]')"
         err, count = rt.cudaGetDeviceCount()
@@ -115,8 +158,7 @@ class CudaCopyProbe:
         self._devices = {}
         for device in range(count):
             address = _ok(rt, "cudaDeviceGetPCIBusId", rt.cudaDeviceGetPCIBusId(32, device))
-            text = address.decode() if isinstance(address, bytes) else str(address)
-            self._devices[normalise_bus_id(text.rstrip("\x00"))] = device
+            self._devices[normalise_bus_id(_c_string(address))] = device
         if not count:
             return False, "CUDA sees no GPU"
         return True, ""
@@ -135,14 +177,13 @@ class CudaCopyProbe:
         """Both directions between two GPUs; the slower direction and the copy latency."""
         src, dst = self._device(src_bus_id), self._device(dst_bus_id)
         started = self._clock()
-        began = time.perf_counter()
+        began = self._now()
         there, latency_us = self._peer_once(src, dst)
         back, _ = self._peer_once(dst, src)
-        return Measurement(
-            gbps=round(min(there, back), 3),
+        return min(there, back).measurement(
             method="cuda-memcpy-peer-ce (slower of both directions)",
             size_bytes=self.size_bytes,
-            duration_s=time.perf_counter() - began,
+            duration_s=self._now() - began,
             measured_at=started,
             latency_us=round(latency_us, 3),
         )
@@ -151,24 +192,23 @@ class CudaCopyProbe:
         """Host memory on the NUMA node of `cpus` to the GPU and back; the slower direction."""
         device = self._device(bus_id)
         started = self._clock()
-        began = time.perf_counter()
+        began = self._now()
         previous = os.sched_getaffinity(0)
         os.sched_setaffinity(0, set(cpus))  # this thread only: the pinned pages land here
         try:
             h2d, d2h = self._host_once(device)
         finally:
             os.sched_setaffinity(0, previous)
-        return Measurement(
-            gbps=round(min(h2d, d2h), 3),
+        return min(h2d, d2h).measurement(
             method="cuda-memcpy-h2d-d2h-ce (slower direction)",
             size_bytes=self.size_bytes,
-            duration_s=time.perf_counter() - began,
+            duration_s=self._now() - began,
             measured_at=started,
         )
 
     # --- CUDA -----------------------------------------------------------------------------
 
-    def _peer_once(self, src: int, dst: int) -> tuple[float, float]:
+    def _peer_once(self, src: int, dst: int) -> tuple[Rates, float]:
         rt = self._rt
         for a, b in ((src, dst), (dst, src)):
             _ok(rt, "cudaSetDevice", rt.cudaSetDevice(a))
@@ -196,7 +236,7 @@ class CudaCopyProbe:
             ms = self._elapsed(lambda: copy(4), self.latency_copies, stream, start, stop)
             return gbps, ms * 1000 / self.latency_copies
 
-    def _host_once(self, device: int) -> tuple[float, float]:
+    def _host_once(self, device: int) -> tuple[Rates, Rates]:
         rt = self._rt
         _ok(rt, "cudaSetDevice", rt.cudaSetDevice(device))
         with _Buffers(rt) as buffers:
@@ -221,16 +261,25 @@ class CudaCopyProbe:
 
             return self._timed(h2d, stream, start, stop), self._timed(d2h, stream, start, stop)
 
-    def _timed(self, copy: Callable[[int], None], stream: Any, start: Any, stop: Any) -> float:
-        """Median GB/s over the samples, after one warm-up copy."""
+    def _timed(self, copy: Callable[[int], None], stream: Any, start: Any, stop: Any) -> Rates:
+        """GB/s samples of one direction, after one warm-up copy.
+
+        Samples are spread over at least `min_duration_s` (a pause of `gap_s` between them) and
+        number at least `min_samples`: a slow stretch of a few hundred milliseconds, which every
+        tool saw on a real H100 VM, then spoils a minority of samples and not the median.
+        """
         rt = self._rt
         copy(self.size_bytes)
         _ok(rt, "cudaStreamSynchronize", rt.cudaStreamSynchronize(stream))
-        rates = []
-        for _ in range(self.samples):
+        rates: list[float] = []
+        began = self._now()
+        while len(rates) < self.max_samples:
             ms = self._elapsed(lambda: copy(self.size_bytes), self.copies, stream, start, stop)
             rates.append(self.copies * self.size_bytes / (ms / 1000) / 1e9)
-        return statistics.median(rates)
+            if len(rates) >= self.min_samples and self._now() - began >= self.min_duration_s:
+                break
+            self._sleep(self.gap_s)
+        return Rates.of(rates)
 
     def _elapsed(
         self, enqueue: Callable[[], None], times: int, stream: Any, start: Any, stop: Any
@@ -295,6 +344,15 @@ def _ok(rt: Any, call: str, result: tuple[Any, ...]) -> Any:
     if err != rt.cudaError_t.cudaSuccess:
         raise CudaError(f"{call}: {_error_text(rt, err)}")
     return values[0] if values else None
+
+
+def _c_string(value: object) -> str:
+    """A C string the binding returns as its whole buffer: up to the first NUL, padding dropped.
+
+    `cudaDeviceGetPCIBusId(32, dev)` gives `b'0000:00:06.0\\x00'` and 19 spaces on a real H100.
+    """
+    raw = value if isinstance(value, bytes) else str(value).encode()
+    return raw.split(b"\0", 1)[0].decode(errors="replace").strip()
 
 
 def _error_text(rt: Any, err: Any) -> str:
