@@ -27,6 +27,12 @@ Reading it:
    lanes = the smaller of their switch lane counts; 0x030200 is a direct link to that GPU.
 5. Nominal bandwidth from the facts table.
 
+Dumps from real machines bring facts in forms the vendor files do not. A VM whose PCI devices
+have no NUMA node makes NCCL write `numaid="-1"`: no NUMA affinity, which is a fact, so its GPUs
+and NICs get no NUMA node and no NUMA node -1 is made up. `link_width="0"` is a width NCCL could
+not read (passthrough GPUs in VMs), so the width is unknown (0, as everywhere in the model), not
+a link with no lanes. `#` lines before the markup (a recording's `# source:` line) are notes.
+
 Only the standard library reads the XML, and documents with a DOCTYPE or entity declarations are
 refused before parsing: topology files never need them, and entity expansion is how XML bombs work.
 """
@@ -62,7 +68,7 @@ _GENERATIONS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
 
 @dataclass(slots=True)
 class _Cpu:
-    numa_id: int
+    numa_id: int | None  # None: NCCL found no NUMA affinity (numaid="-1")
     cpus: str
 
 
@@ -122,7 +128,7 @@ def parse_nccl_topology(
             name=port.name or f"NIC{i}",
             kind=port.device.nic_kind,
             speed_mbps=port.speed_mbps,
-            numa_node=walk.cpus[port.device.cpu].numa_id,
+            numa_node=walk.cpus[port.device.cpu].numa_id,  # None when NCCL knows none
             pci_bus_id=port.device.busid,
         )
         for i, port in enumerate(nics_found)
@@ -150,7 +156,9 @@ def parse_nccl_topology(
         name=node_name,
         gpus=tuple(gpus),
         nics=tuple(nics),
-        numa_nodes=tuple(NumaNode(id=c.numa_id, cpus=c.cpus) for c in walk.cpus),
+        numa_nodes=tuple(
+            NumaNode(id=c.numa_id, cpus=c.cpus) for c in walk.cpus if c.numa_id is not None
+        ),
         links=tuple(links),
         partial=bool(walk.unclassified),
         problems=tuple(walk.problems),
@@ -166,13 +174,14 @@ def _parse_xml(text: str) -> ET.Element:
             "for safety",
             line=text.count("\n", 0, declaration.start()) + 1,
         )
+    markup, notes = _after_notes(text.removeprefix("\ufeff"))
     try:
-        root = ET.fromstring(text.removeprefix("\ufeff"))
+        root = ET.fromstring(markup)
     except ET.ParseError as error:
         line, column = error.position
         reason = str(error).split(":")[0]
         raise TopologyImportError(
-            f"not well-formed XML ({reason}, column {column + 1})", line=line
+            f"not well-formed XML ({reason}, column {column + 1})", line=notes + line
         ) from None
     if root.tag == "graphs":
         raise TopologyImportError(
@@ -187,6 +196,17 @@ def _parse_xml(text: str) -> ET.Element:
     return root
 
 
+def _after_notes(text: str) -> tuple[str, int]:
+    """The text from its first line that is neither blank nor a `#` note, and how many lines
+    came before it (XML allows nothing but the markup there, and error lines must still point
+    into the whole input)."""
+    lines = text.split("\n")
+    notes = 0
+    while notes < len(lines) - 1 and (not lines[notes].strip() or lines[notes].lstrip()[0] == "#"):
+        notes += 1
+    return "\n".join(lines[notes:]), notes
+
+
 def _read_cpu(element: ET.Element, position: int, problems: list[str]) -> _Cpu:
     numa_text = element.get("numaid")
     try:
@@ -199,8 +219,9 @@ def _read_cpu(element: ET.Element, position: int, problems: list[str]) -> _Cpu:
         cpus = cpulist_from_mask(mask) if mask else ""
     except ValueError:
         cpus = ""
-        problems.append(f"NUMA node {numa_id}: affinity {mask!r} is not a hex CPU mask")
-    return _Cpu(numa_id=numa_id, cpus=cpus)
+        problems.append(f"<cpu> #{position}: affinity {mask!r} is not a hex CPU mask")
+    # NCCL's -1: the devices below have no NUMA affinity (a VM, say); a fact, not a node id.
+    return _Cpu(numa_id=numa_id if numa_id >= 0 else None, cpus=cpus)
 
 
 def _walk_children(element: ET.Element, cpu: int, switches: tuple[int, ...], walk: _Walk) -> None:
@@ -308,7 +329,9 @@ def _pcie_link(element: ET.Element, busid: str, problems: list[str]) -> tuple[in
     except ValueError:
         width = 0
         problems.append(f"{busid}: link_width {width_text!r} is not a number; PCIe width unknown")
-    return generation, width
+    # NCCL writes 0 when it could not read the width (GPUs passed through to a VM): unknown, as an
+    # empty link_speed is, and 0 is how the model says unknown. No PCIe link has 0 lanes.
+    return generation, max(width, 0)
 
 
 def _ordered_gpus(found: list[_Device], problems: list[str]) -> list[_Device]:

@@ -25,7 +25,7 @@ from gputopo.v1 import topology_pb2 as tpb
 
 NVSMI = [r for r in recordings() if r.startswith("nvsmi_topo_")]
 COMPLETE_NVSMI = [r for r in NVSMI if "partial" not in r]
-NCCL_XML = [r for r in recordings() if r.startswith("nccl_topo_xml_")]
+NCCL_XML = [r for r in recordings() if r.startswith("nccl_topo_")]  # vendor files and dumps
 
 
 def gpu_cells(text: str) -> dict[tuple[str, str], str]:
