@@ -51,7 +51,7 @@ from gputopo.links import LinkKind
 from gputopo.nominal import with_nominal_bandwidth
 from gputopo.topology import Gpu, Link, Nic, NicKind, NodeTopology, NumaNode, gpu, nic
 
-__all__ = ["DeviceClass", "parse_nccl_topology", "pcie_generation"]
+__all__ = ["DeviceClass", "parse_nccl_topology", "pcie_generation", "unclassified_devices"]
 
 DeviceClass = Literal["gpu", "nic"]
 
@@ -111,13 +111,7 @@ def parse_nccl_topology(
     result is `partial`, saying which ones. Raises `TopologyImportError` for text that is not a
     topology file: malformed XML, a DOCTYPE, or an NCCL graph file (`<graphs>`).
     """
-    root = _parse_xml(text)
-    walk = _Walk(assume={k.lower(): v for k, v in (assume_classes or {}).items()})
-    for index, element in enumerate(root.findall("cpu")):
-        walk.cpus.append(_read_cpu(element, index, walk.problems))
-        _walk_children(element, len(walk.cpus) - 1, (), walk)
-    if not walk.cpus:
-        raise TopologyImportError("the <system> has no <cpu> element: no NUMA node, no device")
+    walk = _walk(_parse_xml(text), assume_classes or {})
 
     gpus_found = _ordered_gpus([d for d in walk.devices if d.kind == "gpu"], walk.problems)
     nics_found = _ordered_nics([d for d in walk.devices if d.kind == "nic"])
@@ -147,8 +141,7 @@ def parse_nccl_topology(
     gpus = [replace(g, nvlink_lanes=lanes) for g, lanes in zip(gpus, lanes_per_gpu, strict=True)]
     for busid in walk.unclassified:
         walk.problems.append(
-            f"PCI device {busid} has no class: cannot tell a GPU from a NIC, so it is left out "
-            f'(say what it is with assume_classes={{"{busid}": "gpu"}})'
+            f"PCI device {busid} has no class: cannot tell a GPU from a NIC, so it is left out"
         )
     if not gpus and not walk.unclassified:
         walk.problems.append("the file lists no GPU")
@@ -164,6 +157,25 @@ def parse_nccl_topology(
         problems=tuple(walk.problems),
     )
     return with_nominal_bandwidth(topology)
+
+
+def unclassified_devices(text: str) -> tuple[str, ...]:
+    """The PCI bus ids of the devices the file lists without a class, in file order.
+
+    These are what `assume_classes` can name: `parse_nccl_topology` leaves them out. Raises
+    `TopologyImportError` as `parse_nccl_topology` does.
+    """
+    return tuple(_walk(_parse_xml(text), {}).unclassified)
+
+
+def _walk(root: ET.Element, assume_classes: Mapping[str, DeviceClass]) -> _Walk:
+    walk = _Walk(assume={k.lower(): v for k, v in assume_classes.items()})
+    for index, element in enumerate(root.findall("cpu")):
+        walk.cpus.append(_read_cpu(element, index, walk.problems))
+        _walk_children(element, len(walk.cpus) - 1, (), walk)
+    if not walk.cpus:
+        raise TopologyImportError("the <system> has no <cpu> element: no NUMA node, no device")
+    return walk
 
 
 def _parse_xml(text: str) -> ET.Element:

@@ -11,6 +11,7 @@ from gputopo.importers import (
     TopologyImportError,
     import_topology,
     parse_nccl_topology,
+    unclassified_devices,
 )
 from gputopo.importers.detect import detect_format
 from gputopo.importers.nccl_xml import pcie_generation
@@ -158,7 +159,10 @@ def test_the_g5_file_without_classes_is_partial_and_names_every_device_it_cannot
     assert topology.gpu_count == 0
     assert [n.id for n in topology.numa_nodes] == [0, 1]
     assert len(topology.problems) == 9
-    assert all("has no class" in p and "assume_classes" in p for p in topology.problems)
+    assert all("has no class" in p and "left out" in p for p in topology.problems)
+    assert unclassified_devices(read_recording("nccl_topo_xml_aws_g5.48xl.xml")) == tuple(
+        [b for b in G5_CLASSES if G5_CLASSES[b] == "gpu"] + ["0000:00:15.0"]
+    )
 
 
 H100_VM_DUMP = "nccl_topo_dump_h100_vm_1gpu_numa_minus1.xml"
