@@ -8,7 +8,10 @@
 `show` prints nvidia-smi's matrix (GPU rows with X, NV<n>, PIX, PXB, PHB, NODE, SYS), then GB/s
 per direction for each pair, measured (*) or nominal. Input that is not a recording exits 2 with
 one line naming where it went wrong; a truncated recording is shown, flagged partial, with what
-is missing.
+is missing. A recording that yields no GPU exits 1 with the reason, since a node topology with
+no GPU is never what was meant. NCCL XML that lists devices without a PCI class (AWS's g5 file)
+says what they are with `--assume-class BUSID=gpu|nic`; when it does not, the command prints
+itself again with those flags, ready to edit, rather than naming an option it does not have.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from gputopo.importers import DeviceClass
     from gputopo.topology import NodeTopology
 
 HELP = "show a node's GPU topology like `nvidia-smi topo -m`, or import a recording"
+ASSUME_CLASS = "--assume-class"
+_CLASSES: tuple[DeviceClass, ...] = ("gpu", "nic")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,10 +41,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     show.add_argument("--node-name", default="", help="name to give the node")
     show.add_argument("--sysfs-root", default="/sys", help="sysfs of this node (default /sys)")
+    _add_assume_class(show)
     imp = sub.add_parser("import", help="read a recording into a node topology")
     imp.add_argument("file", metavar="FILE", help="a recording (path or bundled name)")
     imp.add_argument("--json", action="store_true", help="print the topology as JSON")
     imp.add_argument("--node-name", default="imported", help="name to give the node")
+    _add_assume_class(imp)
+
+
+def _add_assume_class(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        ASSUME_CLASS,
+        dest="assume_classes",
+        action="append",
+        default=[],
+        type=_assumed_class,
+        metavar="BUSID=gpu|nic",
+        help="NCCL XML only: what a PCI device the file lists without a class is (repeatable)",
+    )
+
+
+def _assumed_class(text: str) -> tuple[str, DeviceClass]:
+    """`0000:00:16.0=gpu` -> ("0000:00:16.0", "gpu"); argparse reports the error as usage."""
+    busid, _, kind = text.partition("=")
+    for known in _CLASSES:
+        if kind.strip().lower() == known and busid.strip():
+            return busid.strip().lower(), known
+    raise argparse.ArgumentTypeError(f"expected BUSID=gpu or BUSID=nic, found {text!r}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,26 +89,69 @@ def _read(source: str) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
-def _load(source: str, node_name: str) -> NodeTopology | None:
-    from gputopo.importers import TopologyImportError, import_topology
+def _load(args: argparse.Namespace, source: str, node_name: str) -> NodeTopology | int:
+    """The imported recording, or the exit code after saying on stderr why there is none."""
+    from gputopo.importers import (
+        TopologyImportError,
+        detect_format,
+        import_topology,
+        unclassified_devices,
+    )
 
     try:
         text = _read(source)
     except OSError as error:
         print(f"gputopo topo: cannot read {source}: {error.strerror or error}", file=sys.stderr)
-        return None
+        return 2
+    assumed = dict(args.assume_classes)
     try:
-        topology = import_topology(text, node_name=node_name)
+        topology = import_topology(text, node_name=node_name, assume_classes=assumed)
+        unclassified = (
+            [b for b in unclassified_devices(text) if b not in assumed]
+            if detect_format(text) == "nccl-xml"
+            else []
+        )
     except TopologyImportError as error:
         print(f"gputopo topo: {source}: {error}", file=sys.stderr)
-        return None
-    if topology.partial:
+        return 2
+    if not topology.gpus:
+        why = (
+            f"{len(unclassified)} PCI device(s) have no class, so none can be taken for a GPU"
+            if unclassified
+            else "the recording lists none"
+        )
+        print(f"gputopo topo: {source}: no GPU: {why}", file=sys.stderr)
+    elif topology.partial:
         print(
             f"gputopo topo: warning: {source} is incomplete; the topology is partial "
             f"({len(topology.problems)} problem(s) listed)",
             file=sys.stderr,
         )
-    return topology
+    if unclassified:
+        print(
+            f"gputopo topo: say what each device without a class is with {ASSUME_CLASS} "
+            "BUSID=gpu|nic; to start from, all of them as GPUs (make the NICs =nic):\n"
+            f"  {_again(args, {**assumed, **dict.fromkeys(unclassified, 'gpu')})}",
+            file=sys.stderr,
+        )
+    return topology if topology.gpus else 1
+
+
+def _again(args: argparse.Namespace, classes: dict[str, DeviceClass]) -> str:
+    """This command line again, with `classes` as its --assume-class flags."""
+    import shlex
+
+    if args.topo_command == "import":
+        words = ["gputopo", "topo", "import", args.file, *(["--json"] if args.json else [])]
+        if args.node_name != "imported":
+            words += ["--node-name", args.node_name]
+    else:
+        words = ["gputopo", "topo", "show", "--from", args.source]
+        if args.node_name:
+            words += ["--node-name", args.node_name]
+    for busid, kind in classes.items():
+        words += [ASSUME_CLASS, f"{busid}={kind}"]
+    return shlex.join(words)
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -88,9 +160,9 @@ def _show(args: argparse.Namespace) -> int:
     from gputopo.importers import render_topo_matrix
 
     if args.source:
-        found = _load(args.source, args.node_name or "imported")
-        if found is None:
-            return 2
+        found = _load(args, args.source, args.node_name or "imported")
+        if isinstance(found, int):
+            return found
         sys.stdout.write(render_topo_matrix(found))
         return 0
     topology = _discover(args)
@@ -131,9 +203,9 @@ def _import(args: argparse.Namespace) -> int:
 
     from gputopo.codec import topology_to_proto
 
-    topology = _load(args.file, args.node_name)
-    if topology is None:
-        return 2
+    topology = _load(args, args.file, args.node_name)
+    if isinstance(topology, int):
+        return topology
     if args.json:
         message = json_format.MessageToDict(
             topology_to_proto(topology),

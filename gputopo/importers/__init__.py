@@ -8,7 +8,7 @@ input is not a recording at all. They are pure: text in, topology out.
 
 from gputopo.importers.detect import RecordingFormat, detect_format, import_topology
 from gputopo.importers.errors import TopologyImportError
-from gputopo.importers.nccl_xml import DeviceClass, parse_nccl_topology
+from gputopo.importers.nccl_xml import DeviceClass, parse_nccl_topology, unclassified_devices
 from gputopo.importers.nvsmi import parse_topo_matrix, render_topo_matrix
 
 __all__ = [
@@ -20,4 +20,5 @@ __all__ = [
     "parse_nccl_topology",
     "parse_topo_matrix",
     "render_topo_matrix",
+    "unclassified_devices",
 ]

@@ -2,8 +2,9 @@
 
 `gputopo topo import FILE` should not make users say what they pasted: NCCL topology XML starts
 with `<` (a declaration, a comment or `<system>`), `nvidia-smi topo -m` output with its header
-row (after optional `#` notes). Anything else gets the nvidia-smi importer's error, which names
-the line where a header row was expected.
+row. Either may follow `#` notes (a recording's `# source:` line), so those are looked past.
+Anything else gets the nvidia-smi importer's error, which names the line where a header row was
+expected.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ RecordingFormat = Literal["nvidia-smi", "nccl-xml"]
 
 
 def detect_format(text: str) -> RecordingFormat:
-    """ "nccl-xml" when the first thing in the text is markup, else "nvidia-smi"."""
+    """ "nccl-xml" when the first thing after any `#` notes is markup, else "nvidia-smi"."""
     if not text.strip():
         raise TopologyImportError(
             "the input is empty: expected `nvidia-smi topo -m` output or NCCL topology XML"
         )
-    return "nccl-xml" if text.removeprefix("\ufeff").lstrip().startswith("<") else "nvidia-smi"
+    lines = (line.strip() for line in text.removeprefix("\ufeff").splitlines())
+    first = next((line for line in lines if line and not line.startswith("#")), "")
+    return "nccl-xml" if first.startswith("<") else "nvidia-smi"
 
 
 def import_topology(

@@ -27,6 +27,12 @@ Reading it:
    lanes = the smaller of their switch lane counts; 0x030200 is a direct link to that GPU.
 5. Nominal bandwidth from the facts table.
 
+Dumps from real machines bring facts in forms the vendor files do not. A VM whose PCI devices
+have no NUMA node makes NCCL write `numaid="-1"`: no NUMA affinity, which is a fact, so its GPUs
+and NICs get no NUMA node and no NUMA node -1 is made up. `link_width="0"` is a width NCCL could
+not read (passthrough GPUs in VMs), so the width is unknown (0, as everywhere in the model), not
+a link with no lanes. `#` lines before the markup (a recording's `# source:` line) are notes.
+
 Only the standard library reads the XML, and documents with a DOCTYPE or entity declarations are
 refused before parsing: topology files never need them, and entity expansion is how XML bombs work.
 """
@@ -45,7 +51,7 @@ from gputopo.links import LinkKind
 from gputopo.nominal import with_nominal_bandwidth
 from gputopo.topology import Gpu, Link, Nic, NicKind, NodeTopology, NumaNode, gpu, nic
 
-__all__ = ["DeviceClass", "parse_nccl_topology", "pcie_generation"]
+__all__ = ["DeviceClass", "parse_nccl_topology", "pcie_generation", "unclassified_devices"]
 
 DeviceClass = Literal["gpu", "nic"]
 
@@ -62,7 +68,7 @@ _GENERATIONS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
 
 @dataclass(slots=True)
 class _Cpu:
-    numa_id: int
+    numa_id: int | None  # None: NCCL found no NUMA affinity (numaid="-1")
     cpus: str
 
 
@@ -105,13 +111,7 @@ def parse_nccl_topology(
     result is `partial`, saying which ones. Raises `TopologyImportError` for text that is not a
     topology file: malformed XML, a DOCTYPE, or an NCCL graph file (`<graphs>`).
     """
-    root = _parse_xml(text)
-    walk = _Walk(assume={k.lower(): v for k, v in (assume_classes or {}).items()})
-    for index, element in enumerate(root.findall("cpu")):
-        walk.cpus.append(_read_cpu(element, index, walk.problems))
-        _walk_children(element, len(walk.cpus) - 1, (), walk)
-    if not walk.cpus:
-        raise TopologyImportError("the <system> has no <cpu> element: no NUMA node, no device")
+    walk = _walk(_parse_xml(text), assume_classes or {})
 
     gpus_found = _ordered_gpus([d for d in walk.devices if d.kind == "gpu"], walk.problems)
     nics_found = _ordered_nics([d for d in walk.devices if d.kind == "nic"])
@@ -122,7 +122,7 @@ def parse_nccl_topology(
             name=port.name or f"NIC{i}",
             kind=port.device.nic_kind,
             speed_mbps=port.speed_mbps,
-            numa_node=walk.cpus[port.device.cpu].numa_id,
+            numa_node=walk.cpus[port.device.cpu].numa_id,  # None when NCCL knows none
             pci_bus_id=port.device.busid,
         )
         for i, port in enumerate(nics_found)
@@ -141,8 +141,7 @@ def parse_nccl_topology(
     gpus = [replace(g, nvlink_lanes=lanes) for g, lanes in zip(gpus, lanes_per_gpu, strict=True)]
     for busid in walk.unclassified:
         walk.problems.append(
-            f"PCI device {busid} has no class: cannot tell a GPU from a NIC, so it is left out "
-            f'(say what it is with assume_classes={{"{busid}": "gpu"}})'
+            f"PCI device {busid} has no class: cannot tell a GPU from a NIC, so it is left out"
         )
     if not gpus and not walk.unclassified:
         walk.problems.append("the file lists no GPU")
@@ -150,12 +149,33 @@ def parse_nccl_topology(
         name=node_name,
         gpus=tuple(gpus),
         nics=tuple(nics),
-        numa_nodes=tuple(NumaNode(id=c.numa_id, cpus=c.cpus) for c in walk.cpus),
+        numa_nodes=tuple(
+            NumaNode(id=c.numa_id, cpus=c.cpus) for c in walk.cpus if c.numa_id is not None
+        ),
         links=tuple(links),
         partial=bool(walk.unclassified),
         problems=tuple(walk.problems),
     )
     return with_nominal_bandwidth(topology)
+
+
+def unclassified_devices(text: str) -> tuple[str, ...]:
+    """The PCI bus ids of the devices the file lists without a class, in file order.
+
+    These are what `assume_classes` can name: `parse_nccl_topology` leaves them out. Raises
+    `TopologyImportError` as `parse_nccl_topology` does.
+    """
+    return tuple(_walk(_parse_xml(text), {}).unclassified)
+
+
+def _walk(root: ET.Element, assume_classes: Mapping[str, DeviceClass]) -> _Walk:
+    walk = _Walk(assume={k.lower(): v for k, v in assume_classes.items()})
+    for index, element in enumerate(root.findall("cpu")):
+        walk.cpus.append(_read_cpu(element, index, walk.problems))
+        _walk_children(element, len(walk.cpus) - 1, (), walk)
+    if not walk.cpus:
+        raise TopologyImportError("the <system> has no <cpu> element: no NUMA node, no device")
+    return walk
 
 
 def _parse_xml(text: str) -> ET.Element:
@@ -166,13 +186,14 @@ def _parse_xml(text: str) -> ET.Element:
             "for safety",
             line=text.count("\n", 0, declaration.start()) + 1,
         )
+    markup, notes = _after_notes(text.removeprefix("\ufeff"))
     try:
-        root = ET.fromstring(text.removeprefix("\ufeff"))
+        root = ET.fromstring(markup)
     except ET.ParseError as error:
         line, column = error.position
         reason = str(error).split(":")[0]
         raise TopologyImportError(
-            f"not well-formed XML ({reason}, column {column + 1})", line=line
+            f"not well-formed XML ({reason}, column {column + 1})", line=notes + line
         ) from None
     if root.tag == "graphs":
         raise TopologyImportError(
@@ -187,6 +208,17 @@ def _parse_xml(text: str) -> ET.Element:
     return root
 
 
+def _after_notes(text: str) -> tuple[str, int]:
+    """The text from its first line that is neither blank nor a `#` note, and how many lines
+    came before it (XML allows nothing but the markup there, and error lines must still point
+    into the whole input)."""
+    lines = text.split("\n")
+    notes = 0
+    while notes < len(lines) - 1 and (not lines[notes].strip() or lines[notes].lstrip()[0] == "#"):
+        notes += 1
+    return "\n".join(lines[notes:]), notes
+
+
 def _read_cpu(element: ET.Element, position: int, problems: list[str]) -> _Cpu:
     numa_text = element.get("numaid")
     try:
@@ -199,8 +231,9 @@ def _read_cpu(element: ET.Element, position: int, problems: list[str]) -> _Cpu:
         cpus = cpulist_from_mask(mask) if mask else ""
     except ValueError:
         cpus = ""
-        problems.append(f"NUMA node {numa_id}: affinity {mask!r} is not a hex CPU mask")
-    return _Cpu(numa_id=numa_id, cpus=cpus)
+        problems.append(f"<cpu> #{position}: affinity {mask!r} is not a hex CPU mask")
+    # NCCL's -1: the devices below have no NUMA affinity (a VM, say); a fact, not a node id.
+    return _Cpu(numa_id=numa_id if numa_id >= 0 else None, cpus=cpus)
 
 
 def _walk_children(element: ET.Element, cpu: int, switches: tuple[int, ...], walk: _Walk) -> None:
@@ -308,7 +341,9 @@ def _pcie_link(element: ET.Element, busid: str, problems: list[str]) -> tuple[in
     except ValueError:
         width = 0
         problems.append(f"{busid}: link_width {width_text!r} is not a number; PCIe width unknown")
-    return generation, width
+    # NCCL writes 0 when it could not read the width (GPUs passed through to a VM): unknown, as an
+    # empty link_speed is, and 0 is how the model says unknown. No PCIe link has 0 lanes.
+    return generation, max(width, 0)
 
 
 def _ordered_gpus(found: list[_Device], problems: list[str]) -> list[_Device]:

@@ -1,9 +1,12 @@
 """Cut `nvidia-smi topo -m` output into cells, before any meaning is given to them.
 
 Pastes of `topo -m` come space- or TAB-aligned, with a source line or a command line on top, a
-legend and sometimes a `topo -p2p` block below, and often cut short. This module only finds the
-header, the rows and the NIC legend and checks the shape, so that `gputopo.importers.nvsmi` can
-give the cells meaning and tests can compare printed matrices cell by cell.
+legend and sometimes a `topo -p2p` block below, and often cut short. nvidia-smi 580 also writes
+ANSI underline escapes (`ESC[4m` ... `ESC[0m`) around the header row even when its output goes to
+a file, so terminal escapes are dropped before anything else: they are styling, never content.
+This module only finds the header, the rows and the NIC legend and checks the shape, so that
+`gputopo.importers.nvsmi` can give the cells meaning and tests can compare printed matrices cell
+by cell.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ __all__ = [
     "TopoMatrix",
     "read_topo_matrix",
     "show",
+    "without_escapes",
 ]
 
 CPU_AFFINITY = "CPU Affinity"
@@ -41,6 +45,8 @@ _GPU_COLUMN = re.compile(r"^GPU(\d+)$")
 _NIC_COLUMN = re.compile(r"^NIC(\d+)$")
 _DEVICE_NAME = re.compile(r"^[A-Za-z][\w.:-]*$")
 _NIC_LEGEND_ENTRY = re.compile(r"^(NIC\d+)\s*:\s*(\S.*?)\s*$")
+# An ANSI/ECMA-48 control sequence: ESC [, parameter bytes, intermediate bytes, one final byte.
+_CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,12 +125,14 @@ def read_topo_matrix(text: str) -> TopoMatrix:
     """Cut `nvidia-smi topo -m` output into cells and check its shape.
 
     Accepts leading `#` lines, a command line or a title line before the header, space- or
-    TAB-separated cells (empty TAB fields are alignment), and stops at `Legend:`; a `topo -p2p`
-    block after it is ignored. A row with too few cells is an error unless it is the last line
-    of the input (a cut paste), which is kept and marked `cut`.
+    TAB-separated cells (empty TAB fields are alignment), terminal escapes anywhere (removed, see
+    `without_escapes`), and stops at `Legend:`; a `topo -p2p` block after it is ignored. A row
+    with too few cells is an error unless it is the last line of the input (a cut paste), which
+    is kept and marked `cut`.
     """
     # Pastes saved on Windows bring a byte order mark and CR line ends.
-    lines = [line.rstrip("\r") for line in text.removeprefix("\ufeff").split("\n")]
+    plain = without_escapes(text.removeprefix("\ufeff"))
+    lines = [line.rstrip("\r") for line in plain.split("\n")]
     header_at = _find_header(lines)
     columns, attributes = _read_header(lines[header_at], header_at + 1)
     last_content = max(i for i, line in enumerate(lines) if line.strip())
@@ -152,6 +160,16 @@ def read_topo_matrix(text: str) -> TopoMatrix:
         rows=tuple(rows),
         nic_legend=_read_nic_legend(lines[legend_at:]),
     )
+
+
+def without_escapes(text: str) -> str:
+    """The text without ANSI control sequences (CSI: `ESC[` ... final byte), lines kept as they are.
+
+    nvidia-smi 580 underlines its `topo -m` header with `ESC[4m` ... `ESC[0m` whether or not it
+    writes to a terminal, so a header glued to `ESC[4m` would not read as `GPU0`. The sequences
+    never hold a newline, so line numbers in errors still point into the original input.
+    """
+    return _CSI.sub("", text)
 
 
 def _find_header(lines: list[str]) -> int:

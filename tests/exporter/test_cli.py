@@ -20,12 +20,24 @@ from gputopo.cli import main
 from gputopo.codec import topology_from_proto
 from gputopo.importers import import_topology
 from gputopo.importers.topo_matrix import read_topo_matrix
-from gputopo.machines import read_recording, recordings
+from gputopo.machines import PROFILES, load_profile, read_recording, recordings
 from gputopo.v1 import topology_pb2 as tpb
 
 NVSMI = [r for r in recordings() if r.startswith("nvsmi_topo_")]
 COMPLETE_NVSMI = [r for r in NVSMI if "partial" not in r]
-NCCL_XML = [r for r in recordings() if r.startswith("nccl_topo_xml_")]
+NCCL_XML = [r for r in recordings() if r.startswith("nccl_topo_")]  # vendor files and dumps
+# What the profiles built on a recording say about devices it lists without a PCI class.
+ASSUMED = {
+    spec.recording.file: dict(spec.recording.assume_classes)
+    for spec in map(load_profile, PROFILES)
+    if spec.recording.assume_classes
+}
+
+
+def assume_class_flags(recording: str) -> list[str]:
+    """`--assume-class BUSID=KIND` for each class the recording's profile assumes."""
+    pairs = ASSUMED.get(recording, {}).items()
+    return [word for busid, kind in pairs for word in ("--assume-class", f"{busid}={kind}")]
 
 
 def gpu_cells(text: str) -> dict[tuple[str, str], str]:
@@ -45,7 +57,8 @@ def test_topo_show_prints_the_recorded_code_for_every_gpu_pair(
     path.write_text(read_recording(recording))
     assert main(["topo", "show", "--from", str(path)]) == 0
     shown = capsys.readouterr().out
-    assert shown.splitlines()[0].split()[:2] == ["GPU0", "GPU1"]
+    gpus = read_topo_matrix(read_recording(recording)).gpu_columns
+    assert shown.splitlines()[0].split()[: len(gpus)] == list(gpus)
     first_matrix = shown.split("GB/s per direction")[0]
     want = gpu_cells(read_recording(recording))
     assert gpu_cells(first_matrix) == want
@@ -64,11 +77,12 @@ def test_a_bundled_recording_can_be_named_instead_of_a_path(
 def test_topo_show_prints_an_nccl_xml_recording_as_a_matrix(
     recording: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["topo", "show", "--from", recording])
+    code = main(["topo", "show", "--from", recording, *assume_class_flags(recording)])
     out = capsys.readouterr().out
-    imported = import_topology(read_recording(recording))
+    imported = import_topology(read_recording(recording), assume_classes=ASSUMED.get(recording))
     assert code == 0
     rows = [line for line in out.split("Legend:")[0].splitlines() if line.startswith("GPU")]
+    assert imported.gpu_count > 0
     assert len(rows) == imported.gpu_count
 
 
@@ -117,11 +131,12 @@ def test_a_missing_file_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Pa
 def test_topo_import_json_is_the_imported_topology(
     recording: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["topo", "import", recording, "--json", "--node-name", "n1"]) == 0
+    flags = assume_class_flags(recording)
+    assert main(["topo", "import", recording, "--json", "--node-name", "n1", *flags]) == 0
     data = json.loads(capsys.readouterr().out)
     message = json_format.ParseDict(data, tpb.NodeTopology())
     assert topology_from_proto(message) == import_topology(
-        read_recording(recording), node_name="n1"
+        read_recording(recording), node_name="n1", assume_classes=ASSUMED.get(recording)
     )
 
 

@@ -11,6 +11,7 @@ from gputopo.importers import (
     TopologyImportError,
     import_topology,
     parse_nccl_topology,
+    unclassified_devices,
 )
 from gputopo.importers.detect import detect_format
 from gputopo.importers.nccl_xml import pcie_generation
@@ -158,7 +159,118 @@ def test_the_g5_file_without_classes_is_partial_and_names_every_device_it_cannot
     assert topology.gpu_count == 0
     assert [n.id for n in topology.numa_nodes] == [0, 1]
     assert len(topology.problems) == 9
-    assert all("has no class" in p and "assume_classes" in p for p in topology.problems)
+    assert all("has no class" in p and "left out" in p for p in topology.problems)
+    assert unclassified_devices(read_recording("nccl_topo_xml_aws_g5.48xl.xml")) == tuple(
+        [b for b in G5_CLASSES if G5_CLASSES[b] == "gpu"] + ["0000:00:15.0"]
+    )
+
+
+H100_VM_DUMP = "nccl_topo_dump_h100_vm_1gpu_numa_minus1.xml"
+
+
+def test_the_h100_vm_dump_is_one_gen5_gpu_with_no_numa_affinity_and_nothing_missing() -> None:
+    text = read_recording(H100_VM_DUMP)
+    assert text.startswith("# source:")
+    assert 'numaid="-1"' in text
+    assert 'link_width="0"' in text
+    topology = import_topology(text, node_name="vm")  # detected, past its `# source:` line
+    assert [
+        (g.pci_bus_id, g.numa_node, g.pcie_generation, g.pcie_width) for g in topology.gpus
+    ] == [("0000:00:06.0", None, 5, 0)]
+    assert [(n.name, n.kind, n.numa_node) for n in topology.nics] == [
+        ("eth0", NicKind.ETHERNET, None)
+    ]
+    assert topology.numa_nodes == ()
+    assert code(topology, gpu(0), nic(0)) == "PHB"
+    assert all(lk.nominal_gbps > 0 for lk in topology.links)
+    assert not topology.partial
+    assert topology.problems == ()
+
+
+def gpu_pci(busid: str, *, speed: str = "32.0 GT/s PCIe", width: str = "16") -> str:
+    return (
+        f'<pci busid="{busid}" class="0x030200" vendor="0x10de" link_speed="{speed}" '
+        f'link_width="{width}"><gpu sm="90"/></pci>'
+    )
+
+
+@dataclass(frozen=True)
+class DumpCase:
+    text: str
+    want_gpu_numa: tuple[int | None, ...]
+    want_numa_nodes: tuple[int, ...]
+    want_pcie: tuple[tuple[int, int], ...]
+    want_path_0_1: str
+
+
+DUMP_CASES = [
+    pytest.param(
+        DumpCase(
+            '<system version="1"><cpu numaid="-1">'
+            + gpu_pci("0000:01:00.0")
+            + '</cpu><cpu numaid="1" affinity="ff">'
+            + gpu_pci("0000:02:00.0")
+            + "</cpu></system>",
+            want_gpu_numa=(None, 1),
+            want_numa_nodes=(1,),
+            want_pcie=((5, 16), (5, 16)),
+            want_path_0_1="SYS",
+        ),
+        id="numaid -1 leaves its GPU without a NUMA node and makes no node -1; still two sockets",
+    ),
+    pytest.param(
+        DumpCase(
+            '<system version="1"><cpu numaid="0">'
+            + gpu_pci("0000:01:00.0", width="0")
+            + gpu_pci("0000:02:00.0", width="16")
+            + "</cpu></system>",
+            want_gpu_numa=(0, 0),
+            want_numa_nodes=(0,),
+            want_pcie=((5, 0), (5, 16)),
+            want_path_0_1="PHB",
+        ),
+        id="link_width 0 is a width NCCL could not read: unknown, beside a Gen5 speed it did read",
+    ),
+    pytest.param(
+        DumpCase(
+            '<system version="1"><cpu numaid="0">'
+            + gpu_pci("0000:01:00.0", speed="", width="0")
+            + gpu_pci("0000:02:00.0", speed="", width="0")
+            + "</cpu></system>",
+            want_gpu_numa=(0, 0),
+            want_numa_nodes=(0,),
+            want_pcie=((0, 0), (0, 0)),
+            want_path_0_1="PHB",
+        ),
+        id="no speed and width 0 (Azure NCv4 writes this) is an unknown link, not a problem",
+    ),
+    pytest.param(
+        DumpCase(
+            "# source: a dump\n#  second note\n\n"
+            '<?xml version="1.0"?>\n<system version="1"><cpu numaid="0">'
+            + gpu_pci("0000:01:00.0")
+            + gpu_pci("0000:02:00.0")
+            + "</cpu></system>\n",
+            want_gpu_numa=(0, 0),
+            want_numa_nodes=(0,),
+            want_pcie=((5, 16), (5, 16)),
+            want_path_0_1="PHB",
+        ),
+        id="# notes above an XML declaration are read past, as a recording's source line is",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", DUMP_CASES)
+def test_a_dump_from_a_real_machine_imports_as_it_comes(case: DumpCase) -> None:
+    topology = import_topology(case.text, node_name="n")
+    assert tuple(g.numa_node for g in topology.gpus) == case.want_gpu_numa
+    assert tuple(n.id for n in topology.numa_nodes) == case.want_numa_nodes
+    assert tuple((g.pcie_generation, g.pcie_width) for g in topology.gpus) == case.want_pcie
+    assert code(topology, gpu(0), gpu(1)) == case.want_path_0_1
+    assert all(lk.nominal_gbps > 0 for lk in topology.links)
+    assert not topology.partial
+    assert topology.problems == ()
 
 
 def test_the_g5_file_with_assumed_classes_is_8_gpus_and_one_nic_on_socket_1() -> None:
@@ -332,6 +444,11 @@ def test_an_unknown_link_speed_is_a_problem_not_a_crash() -> None:
             '<system version="1"/>', "the <system> has no <cpu> element", id="an empty system"
         ),
         pytest.param("", "line 1: not well-formed XML (no element found", id="empty input"),
+        pytest.param(
+            '# source: a dump\n<system version="1">\n  <cpu numaid="0">\n</system>',
+            "line 4: not well-formed XML (mismatched tag, column 3)",
+            id="# notes before the markup still count in the line an error names",
+        ),
     ],
 )
 def test_what_is_not_a_topology_file_gives_a_one_line_error(text: str, want: str) -> None:
@@ -347,6 +464,8 @@ def test_what_is_not_a_topology_file_gives_a_one_line_error(text: str, want: str
         ("nccl_topo_xml_azure_ndv5.xml", "nccl-xml"),
         ("nvsmi_topo_hgx_a100_sxm4_80gb_8nic_roce.txt", "nvidia-smi"),
         ("nvsmi_topo_workstation_2x_rtx5090_phb.txt", "nvidia-smi"),
+        ("nccl_topo_dump_h100_vm_1gpu_numa_minus1.xml", "nccl-xml"),  # after a `# source:` line
+        ("nvsmi_topo_h100_80gb_hbm3_vm_1gpu_ansi.txt", "nvidia-smi"),
     ],
 )
 def test_import_topology_detects_the_format_and_dispatches(

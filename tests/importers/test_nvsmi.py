@@ -161,6 +161,72 @@ def test_space_and_tab_pastes_of_one_matrix_import_equal() -> None:
     assert parse_topo_matrix(spaced) == parse_topo_matrix(tabbed)
 
 
+UNDERLINE, RESET = "\x1b[4m", "\x1b[0m"
+H100_VM = "nvsmi_topo_h100_80gb_hbm3_vm_1gpu_ansi.txt"
+PLAIN_2GPU = (
+    "\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+    "GPU0\t X \tNV18\tPIX\t0-15\t0\t\tN/A\n"
+    "GPU1\tNV18\t X \tPIX\t0-15\t0\t\tN/A\n"
+    "NIC0\tPIX\tPIX\t X \n"
+    "\nNIC Legend:\n\n  NIC0: mlx5_0\n"
+)
+
+
+@dataclass(frozen=True)
+class EscapedCase:
+    escaped: str
+    want_same_as: str
+
+
+ESCAPED_CASES = [
+    pytest.param(
+        EscapedCase(
+            PLAIN_2GPU.replace("\tGPU0\tGPU1", f"\t{UNDERLINE}GPU0\tGPU1", 1).replace(
+                "GPU NUMA ID\n", f"GPU NUMA ID{RESET}\n", 1
+            ),
+            want_same_as=PLAIN_2GPU,
+        ),
+        id="nvidia-smi 580 underlines the header row, even when it writes to a file",
+    ),
+    pytest.param(
+        EscapedCase(
+            PLAIN_2GPU.replace("NV18", "\x1b[1;32mNV18\x1b[m").replace(
+                "GPU1\tNV18", f"{UNDERLINE}GPU1{RESET}\tNV18"
+            ),
+            want_same_as=PLAIN_2GPU,
+        ),
+        id="colour with parameters and escapes glued to a row label are styling too",
+    ),
+    pytest.param(
+        EscapedCase(
+            read_recording(H100_VM),
+            # The bytes nvidia-smi wrapped the header in, removed by hand, not by the importer.
+            want_same_as=read_recording(H100_VM).replace(UNDERLINE, "").replace(RESET, ""),
+        ),
+        id="the H100 VM recording as nvidia-smi 580 wrote it",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ESCAPED_CASES)
+def test_terminal_escapes_in_a_matrix_are_styling_and_import_as_the_plain_text(
+    case: EscapedCase,
+) -> None:
+    assert "\x1b[" in case.escaped
+    assert "\x1b" not in case.want_same_as
+    assert parse_topo_matrix(case.escaped) == parse_topo_matrix(case.want_same_as)
+
+
+def test_the_h100_vm_recording_is_one_gpu_on_numa_node_0_with_nothing_missing() -> None:
+    topology = parse_topo_matrix(read_recording(H100_VM), node_name="vm")
+    assert topology.gpus == (Gpu(index=0, numa_node=0, cpu_affinity="0-15"),)
+    assert topology.nics == ()
+    assert topology.links == ()
+    assert [(n.id, n.cpus) for n in topology.numa_nodes] == [(0, "0-15")]
+    assert not topology.partial
+    assert topology.problems == ()
+
+
 def test_a_gb200_paste_cut_inside_gpu3_gives_a_partial_machine_that_says_what_is_missing() -> None:
     topology = parse_topo_matrix(read_recording("nvsmi_topo_gb200_4gpu_grace_partial.txt"))
     assert topology.partial
@@ -303,6 +369,19 @@ MALFORMED_CASES = [
             "GPU0 GPU1 GPU2\nGPU0 X", "line 2: the input ends before any GPU-GPU or GPU-NIC cell"
         ),
         id="a cut in the first row leaves nothing usable",
+    ),
+    pytest.param(
+        MalformedCase(
+            "# notes\n\x1b[4m GPU0 GPU1\x1b[0m\nGPU0 X NV\nGPU1 NV X\n",
+            "line 3: unknown topology code 'NV' in column GPU1 of row GPU0",
+        ),
+        id="an underlined header does not shift the line an error names",
+    ),
+    pytest.param(
+        MalformedCase(
+            "\x1b[4m\x1b[0m\nGPU0 GPU1\n", "line 2: the header names GPU0 ... GPU1 but no rows"
+        ),
+        id="a line of escapes alone is a blank line",
     ),
 ]
 
