@@ -55,7 +55,7 @@ def test_a_padded_bus_id_still_finds_the_gpu() -> None:
 
 def test_an_unknown_gpu_is_named() -> None:
     probe = _probe(FakeCudaRuntime([FakeGpu(VM_BUS)]))
-    with pytest.raises(CudaError, match="does not see the GPU at 0000:00:07.0"):
+    with pytest.raises(CudaError, match=r"does not see the GPU at 0000:00:07\.0"):
         probe.host("0000:00:07.0", cpus=_cpus())
 
 
