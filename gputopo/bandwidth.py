@@ -15,7 +15,18 @@ Sources:
   Measured fractions of the x16 link rate: same switch 0.83 and across switches 0.70 (A6000 Gen4,
   26.3 and ~22 GB/s, nvbandwidth#50); through the CPU across sockets 0.59 (H100 Gen5 host-staged
   ~37 GB/s, nccl#1264). PHB and NODE are interpolated between those.
-- NICs: line rate / 8 (NDR 400 Gb/s -> 50 GB/s, HDR 200 -> 25, EFA/RoCE 100 -> 12.5).
+- Host memory copies (copy engines, pinned memory, the GPU's own NUMA node) are not peer
+  traffic: they reach 0.87 of the x16 link rate. A real H100 80GB HBM3 at Gen5 x16 (63.0 GB/s)
+  copied 54.25 GB/s host-to-device and 53.93 back (nvbandwidth v0.8 memcpy CE, 256 MiB), 54.6 and
+  53.9 with PyTorch, 54.8-55.3 over three runs with every tool (tests/data/
+  nvbandwidth_h100_vm_256mib.txt, torch_copy_bandwidth_h100_vm.json). Host memory on another
+  socket adds the socket interconnect; no recording measures it, so it pays the same penalty
+  that peer traffic pays from PHB to SYS (0.59 / 0.66), an assumption.
+- Device-local copies (one GPU, memory to memory, bytes copied per second in one direction):
+  1491 GB/s for an H100 80GB HBM3 (nvbandwidth device_local_copy 1492.86; PyTorch 1430-1464),
+  by product name; unknown products have no figure.
+- NICs: line rate / 8 (NDR 400 Gb/s -> 50 GB/s, HDR 200 -> 25, EFA/RoCE 100 -> 12.5). A NIC
+  whose speed the kernel does not report (virtio, some VFs: speed -1) has no figure: 0, unknown.
 """
 
 from __future__ import annotations
@@ -24,7 +35,10 @@ from gputopo.links import LinkKind
 
 __all__ = [
     "C2C_GBPS",
+    "HOST_COPY_EFFICIENCY",
     "NVLINK_GBPS_PER_LANE",
+    "device_local_gbps",
+    "host_path_gbps",
     "latency_us",
     "nic_gbps",
     "nvlink_gbps",
@@ -56,6 +70,14 @@ _PCIE_PATH_EFFICIENCY: dict[LinkKind, float] = {
     LinkKind.NODE: 0.62,
     LinkKind.SYS: 0.59,
 }
+
+# Fraction of the PCIe link rate that copy-engine copies to and from pinned host memory reach,
+# on the GPU's own NUMA node (see the module docstring for the recordings).
+HOST_COPY_EFFICIENCY = 0.87
+_REMOTE_HOST_PENALTY = _PCIE_PATH_EFFICIENCY[LinkKind.SYS] / _PCIE_PATH_EFFICIENCY[LinkKind.PHB]
+
+# Device-local copy bandwidth by GPU product name (nvidia-smi's / NVML's name).
+_DEVICE_LOCAL_GBPS: dict[str, float] = {"NVIDIA H100 80GB HBM3": 1491.0}
 
 # Per-hop latency used by the cost model's alpha term (microseconds). NVLink and C2C are a few
 # hundred ns of wire plus protocol; NCCL's own tuning model charges a few microseconds per ring
@@ -90,6 +112,20 @@ def pcie_path_gbps(kind: LinkKind, *, link_gbps: float) -> float:
     if not kind.is_pcie:
         raise ValueError(f"{kind.name} is not a PCIe path class")
     return round(link_gbps * _PCIE_PATH_EFFICIENCY[kind], 3)
+
+
+def host_path_gbps(kind: LinkKind, *, link_gbps: float) -> float:
+    """Expected copy bandwidth between a GPU and host memory: its own NUMA node (PHB or closer)
+    or another socket's (NODE, SYS), given the GPU's PCIe link rate."""
+    if not kind.is_pcie:
+        raise ValueError(f"{kind.name} is not a PCIe path class")
+    remote = kind > LinkKind.PHB
+    return round(link_gbps * HOST_COPY_EFFICIENCY * (_REMOTE_HOST_PENALTY if remote else 1.0), 3)
+
+
+def device_local_gbps(product: str) -> float:
+    """Device-local copy bandwidth of a GPU product; 0 when no recording gives one."""
+    return _DEVICE_LOCAL_GBPS.get(product, 0.0)
 
 
 def nic_gbps(speed_mbps: int) -> float:

@@ -1,5 +1,7 @@
 """Fill in the nominal bandwidth of every link from what is known about its devices.
 
+A figure of 0 means unknown (a NIC whose speed the kernel does not report), never a guess.
+
 Discovery (NVML), importers (nvidia-smi text, NCCL XML) and fake machines all produce links with
 a kind and lane count but no bandwidth; this is the one place that turns those facts into GB/s,
 so a recording and a live node of the same machine get the same figures.
@@ -40,13 +42,17 @@ def link_nominal_gbps(topology: NodeTopology, link: Link) -> float:
         return bandwidth.C2C_GBPS
     if link.kind is LinkKind.NET:
         return 0.0
+    touches_nic = DeviceKind.NIC in (link.a.kind, link.b.kind)
+    if touches_nic and any(_unknown_nic(topology, ref) for ref in (link.a, link.b)):
+        return 0.0  # a NIC whose speed is unknown makes the path unknown, not the GPU's rate
     rates = [r for r in (_endpoint_gbps(topology, ref) for ref in (link.a, link.b)) if r > 0]
     link_rate = (
         min(rates)
         if rates
         else bandwidth.pcie_gbps(generation=ASSUMED_PCIE[0], width=ASSUMED_PCIE[1])
     )
-    touches_nic = DeviceKind.NIC in (link.a.kind, link.b.kind)
+    if DeviceKind.NUMA in (link.a.kind, link.b.kind):
+        return bandwidth.host_path_gbps(link.kind, link_gbps=link_rate)
     if touches_nic and link.kind <= _GPUDIRECT_RDMA_MAX_PATH:
         # GPUDirect RDMA runs at the NIC's line rate as long as the path stays below the host
         # bridge (NCCL's default NCCL_NET_GDR_LEVEL is PXB); farther, traffic is staged in host
@@ -73,6 +79,14 @@ def _nvlink_generation(topology: NodeTopology, link: Link) -> int | None:
     ]
     known = [g for g in gens if g > 0]
     return min(known) if known else None
+
+
+def _unknown_nic(topology: NodeTopology, ref: DeviceRef) -> bool:
+    return (
+        ref.kind is DeviceKind.NIC
+        and 0 <= ref.index < len(topology.nics)
+        and topology.nics[ref.index].speed_mbps <= 0
+    )
 
 
 def _endpoint_gbps(topology: NodeTopology, ref: DeviceRef) -> float:
