@@ -17,14 +17,29 @@ module derives the hardware a recording implies, so that the real discovery code
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from exporter.readings import PciDevice, normalise_bus_id
 from exporter.sysfs import pci_path_kind
+from gputopo.importers._lists import format_cpulist
 from gputopo.links import LinkKind
 from gputopo.machines import load_machine
-from gputopo.topology import DeviceKind, DeviceRef, Nic, NicKind, NodeTopology, gpu, nic
+from gputopo.topology import (
+    DeviceKind,
+    DeviceRef,
+    Gpu,
+    Link,
+    Nic,
+    NicKind,
+    NodeTopology,
+    NumaNode,
+    gpu,
+    nic,
+    numa,
+)
 
 __all__ = ["FakeLink", "FakeMachine"]
 
@@ -72,6 +87,46 @@ class FakeMachine:
         _check_tree(completed, pci)
         switches, nvlinks = _nvlinks(completed)
         return cls(topology=completed, pci=pci, nvlinks=nvlinks, switches=switches)
+
+    @classmethod
+    def from_nvml_recording(cls, nvml_json: str, sysfs_text: str, *, node_name: str) -> FakeMachine:
+        """A machine recorded as plain NVML answers plus a sysfs listing (the H100 VM set).
+
+        The NVML recording (`nvml_direct_calls_*.json`: one `# source:` line, then what pynvml
+        answered per GPU) gives the GPUs as NVML sees them, NUMA and CPU affinity masks included;
+        the sysfs listing gives what the kernel says beside it: each GPU's `numa_node` (-1 in a
+        VM, where NVML still names node 0) and the physical NICs with their `speed` (-1: unknown).
+        """
+        answers = json.loads(
+            nvml_json.split("\n", 1)[1] if nvml_json.startswith("#") else nvml_json
+        )
+        gpus = tuple(_recorded_gpu(g) for g in answers["gpus"])
+        cpus = sorted({c for g in answers["gpus"] for c in _mask_bits(g["cpu_affinity_words"])})
+        nodes = sorted({g.numa_node for g in gpus if g.numa_node is not None})
+        nics = tuple(
+            Nic(index=i, name=name, kind=NicKind.ETHERNET, netdev=name, speed_mbps=max(speed, 0))
+            for i, (name, speed) in enumerate(_recorded_netdevs(sysfs_text))
+        )
+        topology = NodeTopology(
+            name=node_name,
+            machine="recorded: " + ", ".join(sorted({g.name for g in gpus})),
+            gpus=gpus,
+            nics=nics,
+            numa_nodes=tuple(NumaNode(id=n, cpus=format_cpulist(cpus)) for n in nodes),
+            links=tuple(
+                Link(gpu(g.index), target, LinkKind.PHB)
+                for g in gpus
+                for target in ([numa(g.numa_node)] if g.numa_node is not None else [])
+                + [nic(n.index) for n in nics]
+            ),
+        )
+        machine = cls.from_topology(topology)
+        kernel_numa = _recorded_pci_numa(sysfs_text)
+        pci = {
+            address: replace(device, numa_node=kernel_numa.get(address, device.numa_node))
+            for address, device in machine.pci.items()
+        }
+        return replace(machine, pci=pci)
 
     def gpu_pci(self, index: int) -> PciDevice:
         """Where GPU `index` sits."""
@@ -245,3 +300,57 @@ def _nvlinks(
         ]
         per_gpu.append(tuple(links))
     return switches, tuple(per_gpu)
+
+
+def _mask_bits(words: Iterable[int]) -> list[int]:
+    return [at * 64 + bit for at, word in enumerate(words) for bit in range(64) if word >> bit & 1]
+
+
+def _recorded_gpu(answer: dict[str, object]) -> Gpu:
+    """One GPU of an NVML recording; a field NVML refused stays unknown."""
+
+    def number(key: str) -> int:
+        value = answer.get(key)
+        return value if isinstance(value, int) else 0
+
+    nodes = _mask_bits(answer.get("memory_affinity_node_words") or [])  # type: ignore[arg-type]
+    capability = answer.get("compute_capability") or []
+    return Gpu(
+        index=number("index"),
+        uuid=str(answer["uuid"]),
+        pci_bus_id=normalise_bus_id(str(answer["pci_busId"])),
+        name=str(answer["name"]),
+        memory_mib=number("memory_total_mib"),
+        numa_node=nodes[0] if nodes else None,
+        cpu_affinity=format_cpulist(_mask_bits(answer.get("cpu_affinity_words") or [])),  # type: ignore[arg-type]
+        compute_capability=".".join(str(p) for p in capability) if capability else "",  # type: ignore[attr-defined]
+        pcie_generation=number("pcie_curr_gen"),
+        pcie_width=number("pcie_curr_width"),
+        pcie_max_generation=number("pcie_max_gen_gpu"),
+        pcie_max_width=number("pcie_max_width"),
+    )
+
+
+_NETDEV = re.compile(r"^/sys/class/net/(\S+) -> (\S+) speed=(-?\d*) state=")
+_PCI_NUMA = re.compile(r"^(\w{4}:\w{2}:\w{2}\.\w) .*\bnuma=(-?\d+)")
+
+
+def _recorded_netdevs(sysfs_text: str) -> list[tuple[str, int]]:
+    """Physical netdevs of a sysfs listing and their speed (virtual ones are no NICs)."""
+    found = []
+    for line in sysfs_text.splitlines():
+        match = _NETDEV.match(line)
+        if match and "/virtual/" not in match[2]:
+            found.append((match[1], int(match[3] or -1)))
+    return found
+
+
+def _recorded_pci_numa(sysfs_text: str) -> dict[str, int | None]:
+    """`numa_node` of every PCI function in a sysfs listing; -1 (none) becomes None."""
+    found: dict[str, int | None] = {}
+    for line in sysfs_text.splitlines():
+        match = _PCI_NUMA.match(line)
+        if match:
+            node = int(match[2])
+            found[normalise_bus_id(match[1])] = node if node >= 0 else None
+    return found

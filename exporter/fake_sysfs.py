@@ -99,7 +99,7 @@ def _write_nic(machine: FakeMachine, root: Path, n: Nic, up: bool) -> None:
     _files(
         net,
         {
-            "speed": str(n.speed_mbps) if up else "-1",
+            "speed": str(n.speed_mbps) if up and n.speed_mbps > 0 else "-1",  # -1: unknown
             "operstate": "up" if up else "down",
             "type": "32" if n.kind is NicKind.INFINIBAND else "1",
         },

@@ -7,6 +7,7 @@ would misread the real machine the recording came from.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -311,3 +312,47 @@ def test_health_survives_a_round_trip_through_discovery(fake_node: Callable[...,
     degraded = [lk for lk in found.links if lk.health is LinkHealth.DEGRADED]
     assert degraded
     assert all("NVLink" in lk.health_reason for lk in degraded)
+
+
+def test_the_h100_vm_fake_is_found_as_the_recordings_say(tmp_path: Path) -> None:
+    """The machine of the first real run: discovery through pynvml over the fake C library and a
+    sysfs tree equals what `nvml_direct_calls_h100_vm.json` and the sysfs listing recorded."""
+    data = Path(__file__).parent.parent / "data"
+    nvml_text = (data / "nvml_direct_calls_h100_vm.json").read_text()
+    sysfs_text = (data / "sysfs_h100_vm_pci_net_numa.txt").read_text()
+    machine = FakeMachine.from_nvml_recording(nvml_text, sysfs_text, node_name="h100-vm")
+    fake = FakeNvml(machine, driver_version="580.159.04", cuda_version=13000)
+    root = write_sysfs(machine, tmp_path)
+    sysfs = Sysfs(root)
+    result = Discovery(node_name="h100-vm", nvml=Nvml(fake.library), sysfs=sysfs).run()
+
+    recorded = json.loads(nvml_text.split("\n", 1)[1])["gpus"][0]
+    (g,) = result.topology.gpus
+    assert (g.name, g.uuid, g.memory_mib) == (
+        recorded["name"],
+        recorded["uuid"],
+        recorded["memory_total_mib"],
+    )
+    assert g.pci_bus_id == "0000:00:06.0"  # NVML's 00000000:00:06.0
+    assert g.compute_capability == "9.0"
+    kernel = sysfs.pci_device(g.pci_bus_id)
+    assert kernel is not None
+    assert kernel.numa_node is None  # the kernel says -1 ...
+    assert g.numa_node == 0  # ... NVML's memory affinity names node 0
+    assert g.cpu_affinity == "0-15"
+    assert (g.pcie_generation, g.pcie_width, g.pcie_max_generation, g.pcie_max_width) == (
+        5,
+        16,
+        5,
+        16,
+    )
+    assert g.nvlink_lanes == 0
+    assert list(result.topology.gpu_links()) == []
+    assert g.fabric is None  # fabric info answered NOT_SUPPORTED state, not an error
+    (eth0,) = result.topology.nics
+    assert (eth0.netdev, eth0.speed_mbps) == ("eth0", 0)  # speed -1: unknown
+    eth0_path = result.topology.link(gpu(0), nic(0))
+    assert eth0_path is not None
+    assert eth0_path.nominal_gbps == 0.0
+    assert result.topology.nvml.driver_version == "580.159.04"
+    assert result.topology.problems == ()
