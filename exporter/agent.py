@@ -40,7 +40,14 @@ from exporter.health import HealthPolicy
 from exporter.metrics import ExporterView, register
 from exporter.nvml import Nvml
 from exporter.probes.results import ProbeResults
-from exporter.probes.runner import GpuProbeClient, ProbeRunner, ProbeSchedule, WorkerGpuProbe
+from exporter.probes.runner import (
+    GPU_PROBE,
+    TCP_PROBE,
+    GpuProbeClient,
+    ProbeRunner,
+    ProbeSchedule,
+    WorkerGpuProbe,
+)
 from exporter.probes.tcp import TcpProbeServer
 from exporter.stream import Backoff, ProbeTarget, ReportStream, report_channel
 from exporter.sysfs import Sysfs
@@ -264,6 +271,7 @@ class Agent:
     # --- probes -----------------------------------------------------------------------------
 
     async def _gpu_probe_loop(self) -> None:
+        self.runner.not_yet(GPU_PROBE)
         await asyncio.sleep(self.runner.wait_s(first=True))
         while True:
             try:
@@ -279,6 +287,7 @@ class Agent:
         self._state.targets = tuple(t for t in targets if t.node_name != self.config.node_name)
 
     async def _peer_probe_loop(self) -> None:
+        self.runner.not_yet(TCP_PROBE)
         await asyncio.sleep(self.runner.wait_s(first=True))
         while True:
             targets = [(t.node_name, t.address) for t in self._state.targets]

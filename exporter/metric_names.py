@@ -132,6 +132,14 @@ PROBE_BANDWIDTH = _gauge(
     "target",
     "method",
 )
+PROBE_SPREAD = _gauge(
+    "probe_bandwidth_spread_bytes_per_second",
+    "10th and 90th percentile of a probe's samples (the median is probe_bandwidth).",
+    "probe",
+    "target",
+    "quantile",
+)
+PROBE_SAMPLES = _gauge("probe_samples", "Samples behind a probe's median.", "probe", "target")
 PROBE_LATENCY = _gauge("probe_latency_seconds", "Latency a probe measured.", "probe", "target")
 PROBE_DURATION = _gauge(
     "probe_duration_seconds", "How long a probe measurement took.", "probe", "target"

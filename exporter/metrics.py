@@ -167,6 +167,11 @@ def _probes(out: _Families, probes: ProbeResults) -> None:
     for record in probes.records():
         m = record.measurement
         out.add(names.PROBE_BANDWIDTH, m.gbps * _GB, record.probe, record.target, m.method)
+        for quantile, value in (("0.1", m.low_gbps), ("0.9", m.high_gbps)):
+            if value is not None:
+                out.add(names.PROBE_SPREAD, value * _GB, record.probe, record.target, quantile)
+        if m.samples:
+            out.add(names.PROBE_SAMPLES, m.samples, record.probe, record.target)
         if m.latency_us is not None:
             out.add(names.PROBE_LATENCY, m.latency_us / 1e6, record.probe, record.target)
         out.add(names.PROBE_DURATION, m.duration_s, record.probe, record.target)

@@ -31,6 +31,7 @@ from gputopo.topology import DeviceKind, DeviceRef, Measurement, NodeTopology, g
 
 __all__ = [
     "GPU_PROBE",
+    "NOT_YET_PROBED",
     "TCP_PROBE",
     "GpuProbeClient",
     "ProbeError",
@@ -42,6 +43,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 GPU_PROBE = "gpu-copy"
+NOT_YET_PROBED = "not yet probed"
+_FIRST_AFTER_S = 120.0
 TCP_PROBE = "tcp"
 
 
@@ -91,9 +94,15 @@ class ProbeSchedule:
     in [1 - jitter, 1 + jitter]."""
 
     interval_s: float = 900.0
-    first_after_s: float = 120.0
+    first_after_s: float = _FIRST_AFTER_S
     jitter: float = 0.25
     busy_percent: int = 10
+
+    @classmethod
+    def every(cls, interval_s: float) -> ProbeSchedule:
+        """Rounds every `interval_s`; the first no later than that either (an operator who asks
+        for a round every 30 s does not wait the default two minutes for the first)."""
+        return cls(interval_s=interval_s, first_after_s=min(_FIRST_AFTER_S, interval_s))
 
 
 class WorkerGpuProbe:
@@ -201,6 +210,10 @@ class ProbeRunner:
         self._activity = activity
         self._rng = rng or random.Random()
         self._peer_probe = peer_probe
+
+    def not_yet(self, probe: str) -> None:
+        """Say in the metrics that `probe` has not run a round yet (until its first does)."""
+        self.results.available.setdefault(probe, (False, NOT_YET_PROBED))
 
     def wait_s(self, *, first: bool = False) -> float:
         """Seconds until the next round, jittered."""

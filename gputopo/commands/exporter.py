@@ -39,7 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--discovery-interval", type=float, default=60.0, metavar="SECONDS", help="default 60"
     )
     parser.add_argument(
-        "--probe-interval", type=float, default=900.0, metavar="SECONDS", help="default 900"
+        "--probe-interval",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="seconds between probe rounds, and at most this long before the first (default 900;"
+        " the first round comes after 120 s or this, whichever is sooner)",
     )
     parser.add_argument("--no-gpu-probes", action="store_true", help="never run GPU copy probes")
     parser.add_argument("--no-peer-probes", action="store_true", help="never probe peer nodes")
@@ -103,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             discovery_interval_s=args.discovery_interval,
             gpu_probes=not args.no_gpu_probes and not args.simulate,
             peer_probes=not args.no_peer_probes,
-            probe_schedule=ProbeSchedule(interval_s=args.probe_interval),
+            probe_schedule=ProbeSchedule.every(args.probe_interval),
         )
 
         async def serve() -> None:

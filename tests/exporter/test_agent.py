@@ -314,3 +314,34 @@ def test_healthz_fails_only_when_discovery_has_stopped_passing(
             assert (await http_get(agent.http_port, "/healthz"))[0] == 200
 
     run(scenario())
+
+
+def test_before_the_first_round_the_metrics_say_not_yet_probed(
+    fake_node: Callable[..., FakeNode],
+) -> None:
+    node = fake_node("workstation-2x-rtx5090")
+    schedule = ProbeSchedule(interval_s=600, first_after_s=600, jitter=0.0)
+
+    async def scenario() -> None:
+        async with fake_agent(node, gpu_probes=True, probe_schedule=schedule) as agent:
+            await until(lambda: bool(agent.runner.results.available), what="probe state")
+            _, metrics = await http_get(agent.http_port, "/metrics")
+            assert (
+                'gputopo_probe_available{probe="gpu-copy",reason="not yet probed"} 0.0' in metrics
+            )
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("interval_s", "want_first_s"),
+    [
+        pytest.param(30.0, 30.0, id="--probe-interval 30: the first round within 30 s too"),
+        pytest.param(900.0, 120.0, id="the default: first round after two minutes"),
+    ],
+)
+def test_the_probe_interval_also_bounds_the_first_round(
+    interval_s: float, want_first_s: float
+) -> None:
+    schedule = ProbeSchedule.every(interval_s)
+    assert (schedule.interval_s, schedule.first_after_s) == (interval_s, want_first_s)

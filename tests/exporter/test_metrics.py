@@ -34,7 +34,12 @@ def test_every_family_served_is_defined_in_one_module_with_its_type(
     result = node.discovery.run()
     probes = ProbeResults()
     probes.record_link(
-        "gpu-copy", gpu(0), gpu(1), Measurement(gbps=700.0, method="m", duration_s=1)
+        "gpu-copy",
+        gpu(0),
+        gpu(1),
+        Measurement(
+            gbps=700.0, method="m", duration_s=1, low_gbps=650.0, high_gbps=710.0, samples=11
+        ),
     )
     probes.available["gpu-copy"] = (True, "")
     registry = CollectorRegistry()
@@ -53,6 +58,9 @@ def test_every_family_served_is_defined_in_one_module_with_its_type(
     assert set(served) <= set(DEFINED)
     assert all(served[name] == DEFINED[name].type for name in served)
     assert all(spec.name.startswith("gputopo_") for spec in metric_names.ALL)
+    assert {"gputopo_probe_bandwidth_spread_bytes_per_second", "gputopo_probe_samples"} <= set(
+        served
+    )
 
 
 @pytest.mark.prometheus
