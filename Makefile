@@ -62,10 +62,19 @@ unit: prometheus
 prometheus:
 	@scripts/ensure-prometheus.sh
 
-# Tests marked `gpu` need an NVIDIA GPU and driver. `make test` deselects them explicitly (they
-# are not collected as skips that would look like passes); `make test-gpu` runs only them, with
-# the cuda extra installed, on a machine that has a GPU.
+# Tests marked `gpu` need an NVIDIA GPU and driver; they live in tests/gpu. `make test` deselects
+# them explicitly (they are not collected as skips that would look like passes). `make test-gpu`
+# runs only them: with $(PYTHON) as it is when it already has what they import (GPU images ship
+# pynvml, cuda-bindings, pytest and often no package index), else in .venv with the cuda extra.
+GPU_TESTS := tests/gpu
+GPU_NEEDS := import pynvml, pytest, pytest_timeout, hypothesis, yaml
 override PYTEST_ARGS += -m "not gpu"
-test-gpu: $(STAMP)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[cuda]'
-	$(BIN)/pytest -m gpu $(GPU_PYTEST_ARGS)
+test-gpu:
+	@if $(PYTHON) -c '$(GPU_NEEDS)' 2>/dev/null; then \
+	  echo "test-gpu: $$($(PYTHON) -c 'import sys; print(sys.executable)') with its own packages"; \
+	  PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -p no:cacheprovider -m gpu $(GPU_TESTS) $(GPU_PYTEST_ARGS); \
+	else \
+	  $(MAKE) setup && \
+	  $(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[cuda]' && \
+	  $(BIN)/pytest -m gpu $(GPU_TESTS) $(GPU_PYTEST_ARGS); \
+	fi

@@ -10,6 +10,10 @@
    aiohttp, prometheus_client, protobuf) and sleeps in an event loop: the floor any Python agent
    with this stack pays.
 
+With `--real`, (1) runs on this machine's own NVML and /sys instead of the fake machine, and
+the fake dgx-h100 figure is printed beside it (`fake_discovery_seconds`): how far the fakes'
+cost is from the hardware's. It refuses with the reason when NVML is not up here.
+
 Targets: discovery <= 0.2 s, RSS <= 100 MiB, CPU <= 1 % of one core.
 """
 
@@ -47,6 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--samples", type=int, default=31, help="discovery passes to time (default 31)"
     )
     parser.add_argument(
+        "--real",
+        action="store_true",
+        help="time discovery on this machine's NVML and /sys (needs a GPU and driver)",
+    )
+    parser.add_argument(
         "--idle-seconds",
         type=float,
         default=60.0,
@@ -56,7 +65,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Measure and print."""
-    figures = measure_discovery(samples=args.samples)
+    if args.real:
+        real = measure_real_discovery(samples=args.samples)
+        if isinstance(real, str):
+            print(f"gputopo bench exporter --real: {real}", file=sys.stderr)
+            return 1
+        fake = measure_discovery(samples=args.samples)
+        figures = real | {
+            "fake_machine": fake["machine"],
+            "fake_discovery_seconds": fake["discovery_seconds"],
+            "real_vs_fake_ratio": round(
+                float(str(real["discovery_seconds"])) / float(str(fake["discovery_seconds"])), 2
+            ),
+        }
+    else:
+        figures = measure_discovery(samples=args.samples)
     figures |= asyncio.run(_measure_idle(args.idle_seconds))
     figures["targets"] = TARGETS
     figures["meets_targets"] = {
@@ -111,6 +134,37 @@ def measure_discovery(*, samples: int) -> dict[str, object]:
         "discovery_p90_seconds": round(statistics.quantiles(passes, n=10)[-1], 5),
         "baseline_import_recording_seconds": round(baseline, 5),
         "discovery_vs_import_ratio": round(seconds / baseline, 2),
+    }
+
+
+def measure_real_discovery(*, samples: int) -> dict[str, object] | str:
+    """Median seconds of a discovery pass on this machine's NVML and /sys; the reason if NVML
+    is not up here."""
+    from exporter.discovery import Discovery
+    from exporter.nvml import Nvml
+    from exporter.sysfs import Sysfs
+
+    nvml = Nvml()
+    status = nvml.open()
+    if not status.up:
+        return f"NVML is not up on this machine: {status.reason}"
+    discovery = Discovery(node_name="bench", nvml=nvml, sysfs=Sysfs())
+    result = discovery.run()
+    passes = []
+    for _ in range(samples):
+        began = time.perf_counter()
+        result = discovery.run()
+        passes.append(time.perf_counter() - began)
+    nvml.close()
+    names = sorted({g.name for g in result.topology.gpus})
+    return {
+        "machine": "this machine: " + ", ".join(names),
+        "gpus": result.topology.gpu_count,
+        "driver": status.driver_version,
+        "samples": samples,
+        "discovery_seconds": round(statistics.median(passes), 5),
+        "discovery_p90_seconds": round(statistics.quantiles(passes, n=10)[-1], 5),
+        "nvml_errors": result.nvml.errors,
     }
 
 

@@ -18,3 +18,13 @@ def test_bench_exporter_prints_every_figure_as_json(capsys: pytest.CaptureFixtur
     assert figures["gpus"] == 8
     assert figures["agent_reported_to_aggregator"] is True
     assert figures["baseline_python_stack_rss_mib"] > 0
+
+
+def test_bench_exporter_real_refuses_with_the_reason_without_a_gpu(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """This machine has no NVIDIA driver: `--real` says so instead of timing a fake."""
+    assert main(["bench", "exporter", "--real", "--samples", "3", "--idle-seconds", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "NVML is not up on this machine" in err
+    assert "libnvidia-ml.so.1" in err
