@@ -1,9 +1,9 @@
 """The NVML adapter: the only module that imports `pynvml` (an import-linter contract says so).
 
 `Nvml` makes every NVML call discovery needs and returns a plain `NvmlReading`. It talks to an
-`NvmlLibrary`: the real `pynvml` module by default, or a fake machine (`exporter.fake_nvml`) that
-answers the same calls with the same types and raises the same `NVMLError` subclasses, so the
-code below runs unchanged against both.
+`NvmlLibrary`: the real `pynvml` module by default, or a private copy of that same module loaded
+over a fake libnvidia-ml (`exporter.fake_nvml`), so the wheel's wrappers, structs and errors run
+in tests exactly as on hardware, and the code below cannot tell the two apart.
 
 Rules the calls follow, and why:
 
@@ -18,6 +18,12 @@ Rules the calls follow, and why:
 3. `NVML_P2P_CAPS_INDEX_READ` is `(0,)` in the wheel (a stray trailing comma), so the index is
    passed as the literal 0.
 4. The calls block; the agent runs `read()` in a worker thread.
+5. At the C boundary (audited after a real H100 segfaulted): pynvml builds and passes its own
+   structs and buffers for every call here except `nvmlDeviceGetGpuFabricInfoV`, whose struct the
+   caller makes and pynvml hands to C untouched, so it goes by pointer (`ctypes.byref`), with the
+   version the struct's constructor sets. Strings come back from pynvml already cut at the NUL.
+   Enums come back as ints and map to `RemoteType`/`P2pStatus` with UNKNOWN for values a newer
+   driver adds. Versioned entry points (`_v2`, `_v3`) are pynvml's choice, not ours.
 """
 
 from __future__ import annotations
