@@ -7,6 +7,7 @@
 - `exporter.metrics`, `exporter.metric_names`: the Prometheus collector and every metric name;
 - `exporter.stream`: the report stream to the aggregator; `exporter.simulate`: simulated
   exporters for the demo and benchmarks;
-- `exporter.fake_machine`, `exporter.fake_nvml`, `exporter.fake_sysfs`: fake hardware derived
-  from recorded machines, for tests, `gputopo exporter --simulate` and the benchmark.
+- `exporter.fake_machine`, `exporter.fake_nvml` (pynvml over a fake libnvidia-ml),
+  `exporter.fake_sysfs`, `exporter.fake_cuda` (a fake `cuda.bindings.runtime`): fake hardware
+  derived from recorded machines, for tests, `gputopo exporter --simulate` and the benchmark.
 """
