@@ -6,6 +6,7 @@ The figures come from the H100 VM recordings (`tests/data/torch_copy_bandwidth_h
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -14,6 +15,8 @@ import pytest
 
 from exporter.fake_cuda import CudaErrorT, FakeCudaRuntime, FakeGpu
 from exporter.probes.gpu import CudaCopyProbe, CudaError, Rates
+from exporter.probes.gpu_worker import serve
+from gputopo.topology import Measurement
 
 DATA = Path(__file__).parent.parent / "data"
 VM_BUS = "0000:00:06.0"
@@ -126,3 +129,18 @@ def test_rates_are_the_median_and_deciles(rates: list[float], want: Rates) -> No
     assert got.low == pytest.approx(want.low)
     assert got.high == pytest.approx(want.high)
     assert got.samples == want.samples
+
+
+def test_the_worker_protocol_carries_the_spread_back_to_a_measurement() -> None:
+    """What `gpu_worker` prints is what `WorkerGpuProbe` rebuilds: median, spread, samples."""
+    runtime = FakeCudaRuntime([FakeGpu(VM_BUS)])
+    tasks = io.StringIO(json.dumps({"op": "host", "bus": VM_BUS, "cpus": _cpus()}) + "\n")
+    out = io.StringIO()
+    serve(_probe(runtime), tasks, out)
+    ready, answer = (json.loads(line) for line in out.getvalue().splitlines())
+    assert ready == {"ready": True}
+    measured = Measurement(**answer["measurement"])
+    assert measured.samples >= 11
+    assert measured.low_gbps is not None
+    assert measured.high_gbps is not None
+    assert measured.low_gbps <= measured.gbps <= measured.high_gbps
