@@ -27,9 +27,9 @@ from aggregator.exports import (
     kueue_topologies,
     volcano_hypernodes,
 )
-from aggregator.kube import KubeClient, KubeError, NotFoundError
 from aggregator.labels import LabelScheme
 from aggregator.state import ClusterState
+from gputopo.runtime.kube import KubeClient, KubeError, NotFoundError
 
 __all__ = ["KINDS", "SchedulerObjectWriter", "placed_nodes"]
 

@@ -4,7 +4,7 @@
 reported), the HTTP endpoints (`aggregator.http`) and the housekeeping task (expire
 reservations, announce stale nodes, re-infer probe tiers). With a Kubernetes client it also
 runs the writers — the label publisher and, opt-in, the scheduler objects — either at once or,
-with leader election, only while this replica holds the Lease (`aggregator.leader`). The leader
+with leader election, only while this replica holds the Lease (`gputopo.runtime.leader`). The leader
 also labels its own Pod `gputopo.io/role=leader` (when it knows its Pod), so a Service selecting
 that label routes exporters and placement clients to the leader; a new leader then rebuilds its
 state from the streams that reconnect to it and from the Node objects.
@@ -31,9 +31,7 @@ from aggregator.fabric import FabricSources
 from aggregator.http import HttpEndpoints
 from aggregator.http_placement import add_placement_routes
 from aggregator.ingest import ReporterService
-from aggregator.kube import KubeClient, KubeError
 from aggregator.labels import desired_labels
-from aggregator.leader import LeaderElector, LeaseConfig
 from aggregator.metrics import AggregatorCollector, Sources
 from aggregator.probes import ProbeCoordinator
 from aggregator.publisher import LabelPublisher, PublisherConfig, node_facts
@@ -41,6 +39,9 @@ from aggregator.schedwriter import SchedulerObjectWriter
 from aggregator.service import PlacementService
 from aggregator.state import ClusterState, Reservation
 from gputopo.inventory import Inventory, inventory_topologies, load_inventory
+from gputopo.runtime import grpcio
+from gputopo.runtime.kube import KubeClient, KubeError
+from gputopo.runtime.leader import LeaderElector, LeaseConfig
 from gputopo.v1 import placement_pb2_grpc as pgrpc
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
@@ -210,24 +211,10 @@ class Aggregator:
 
     async def start(self) -> None:
         """Bind and serve; returns once the servers accept connections."""
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-                # Thousands of exporters reconnect at once after a restart or a failover; Core
-                # cancels calls beyond its pending-request limit (1,000 by default) before the
-                # event loop can take them, so let them queue.
-                ("grpc.server.max_pending_requests", 50_000),
-                ("grpc.server.max_pending_requests_hard_limit", 100_000),
-            ]
-        )
+        server = grpcio.server()
         rgrpc.add_ReporterServicer_to_server(self.reporter, server)
         pgrpc.add_PlacementServicer_to_server(self.placement, server)
-        address = f"{self.config.grpc_host}:{self.config.grpc_port}"
-        self.grpc_port = server.add_insecure_port(address)
-        if self.grpc_port == 0:
-            raise OSError(f"cannot bind gRPC to {address}")
+        self.grpc_port = grpcio.bind(server, self.config.grpc_host, self.config.grpc_port)
         await server.start()
         self._grpc = server
         if self.config.http_port is not None:

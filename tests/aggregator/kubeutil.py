@@ -11,10 +11,10 @@ from typing import Any, TextIO, TypeVar
 
 import yaml
 
-from aggregator.kube import KubeClient, NodeObject, ThrottledError
 from aggregator.publisher import PublisherConfig
 from aggregator.server import Aggregator, AggregatorConfig, KubeOptions
 from exporter.simulate import SimulatedExporters
+from gputopo.runtime.kube import KubeClient, NodeObject, ThrottledError
 from gputopo.topology import NodeTopology
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope

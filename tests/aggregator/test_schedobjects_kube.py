@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from aggregator.exports import KAI_TOPOLOGY, KUEUE_TOPOLOGY, VOLCANO_HYPERNODE, ObjectKind
-from aggregator.kube import KubeClient, KubeError
 from aggregator.server import KubeOptions
+from gputopo.runtime.kube import KubeClient, KubeError
 from gputopo.topology import FabricPosition
 from tests.aggregator.kubeutil import (
     aggregator,
