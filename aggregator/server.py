@@ -37,8 +37,9 @@ from aggregator.probes import ProbeCoordinator
 from aggregator.publisher import LabelPublisher, PublisherConfig, node_facts
 from aggregator.schedwriter import SchedulerObjectWriter
 from aggregator.service import PlacementService
-from aggregator.state import ClusterState, Reservation
+from aggregator.state import ClusterState
 from gputopo.inventory import Inventory, inventory_topologies, load_inventory
+from gputopo.reservations import Reservation
 from gputopo.runtime import grpcio
 from gputopo.runtime.kube import KubeClient, KubeError
 from gputopo.runtime.leader import LeaderElector, LeaseConfig

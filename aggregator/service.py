@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import grpc
 
-from aggregator.state import ClusterState, Reservation, ReservationError
+from aggregator.state import ClusterState
 from gputopo.cluster import ClusterSnapshot
 from gputopo.codec import (
     CodecError,
@@ -30,6 +30,7 @@ from gputopo.codec import (
 )
 from gputopo.placement import PlacementResult, UnknownPolicyError, place
 from gputopo.request import RequestError, Scope
+from gputopo.reservations import Reservation, ReservationError
 from gputopo.v1 import placement_pb2 as ppb
 from gputopo.v1 import placement_pb2_grpc as pgrpc
 from gputopo.v1 import topology_pb2 as tpb

@@ -31,11 +31,11 @@ from google.protobuf import json_format
 
 from aggregator.publisher import PublisherConfig
 from aggregator.server import Aggregator, AggregatorConfig, KubeOptions
-from aggregator.state import Reservation
 from exporter.simulate import SimulatedExporters
 from gputopo.codec import request_to_proto
 from gputopo.machines import load_machine, with_gpu_fabric
 from gputopo.request import PlacementRequest, request_from_mapping
+from gputopo.reservations import Reservation
 from gputopo.runtime import grpcio
 from gputopo.runtime.kube import KubeClient, NodeObject
 from gputopo.topology import FabricPosition, NodeTopology

@@ -9,11 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aggregator.state import ClusterState, ReportOutcome, ReservationError
+from aggregator.state import ClusterState, ReportOutcome
 from gputopo.delta import NodeDelta
 from gputopo.links import LinkHealth
 from gputopo.placement import place
 from gputopo.request import Scope, request_from_mapping
+from gputopo.reservations import ReservationError
 from tests.builders import nvswitch_node
 
 
