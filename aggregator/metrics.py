@@ -20,12 +20,12 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from aggregator import metric_names as names
-from aggregator.indexes import NODE
 from aggregator.ingest import FRESHNESS_BUCKETS, IngestStats
 from aggregator.metric_names import METRIC_NAMES
 from aggregator.probes import ProbeCoordinator
 from aggregator.publisher import LabelPublisher
 from aggregator.state import ClusterState
+from gputopo.domains import NODE
 from gputopo.runtime.leader import LeaderElector
 from gputopo.runtime.metrics import family, histogram_family
 

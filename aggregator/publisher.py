@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from aggregator.indexes import NVLINK
+from aggregator.changes import ChangeEvent, ChangeKind
 from aggregator.labels import (
     LabelPatch,
     LabelScheme,
@@ -43,6 +43,7 @@ from aggregator.labels import (
     plan_patch,
 )
 from aggregator.state import ClusterState
+from gputopo.domains import NVLINK
 from gputopo.runtime.kube import (
     ConflictError,
     GoneError,
@@ -142,7 +143,7 @@ class LabelPublisher:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    def _changed(self, kind: str, node: str) -> None:
+    def _changed(self, event: ChangeEvent) -> None:
         """A node changed: it, and the nodes whose labels depend on it, may need a patch.
 
         Two labels depend on other nodes: the NVLink domain size (the whole domain's GPUs) and
@@ -150,8 +151,9 @@ class LabelPublisher:
         When either moves, every node it concerns is marked, not only the one that reported.
         Reservations are ignored: no label depends on which GPUs are held.
         """
-        if kind == "allocation":
+        if event.kind is ChangeKind.ALLOCATION:
             return
+        node = event.node
         self.mark(node)
         index = self.state.index
         domain = index.domain_of(node, NVLINK)

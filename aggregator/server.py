@@ -27,6 +27,7 @@ from typing import TextIO
 import grpc
 from prometheus_client import CollectorRegistry
 
+from aggregator.changes import ChangeEvent, ChangeKind
 from aggregator.fabric import FabricSources
 from aggregator.http import HttpEndpoints
 from aggregator.http_placement import add_placement_routes
@@ -190,11 +191,11 @@ class Aggregator:
             for node, gpus in used.items()
         )
 
-    def _forget_silent_prober(self, kind: str, node: str) -> None:
+    def _forget_silent_prober(self, event: ChangeEvent) -> None:
         """A node that went stale (or was removed) answers no probes: peers are no longer sent
         to it, until its next report names its probe address again."""
-        if kind in ("stale", "removed"):
-            self.probes.forget(node)
+        if event.kind in (ChangeKind.STALE, ChangeKind.REMOVED):
+            self.probes.forget(event.node)
 
     @property
     def grpc_target(self) -> str:

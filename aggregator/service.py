@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TypeVar
 
 import grpc
 
+from aggregator.changes import ChangeEvent, ChangeKind
 from aggregator.state import ClusterState
 from gputopo.cluster import ClusterSnapshot
 from gputopo.codec import (
@@ -28,6 +29,7 @@ from gputopo.codec import (
     result_to_proto,
     timestamp,
 )
+from gputopo.domains import NVLINK, ZONE, Level, tier_path
 from gputopo.placement import PlacementResult, UnknownPolicyError, place
 from gputopo.request import RequestError, Scope
 from gputopo.reservations import Reservation, ReservationError
@@ -79,32 +81,44 @@ def topology_to_proto(
                 include_links=include_links,
             )
         )
-    for scope, level in (
-        (Scope.NVLINK, "accelerator"),
-        (Scope.LEAF, "tier-0"),
-        (Scope.SPINE, "tier-1"),
-        (Scope.CORE, "tier-2"),
-        (Scope.ZONE, "zone"),
-    ):
-        for domain, members in snapshot.domains(scope).items():
-            msg.domains.append(
-                tpb.Domain(
-                    id=domain,
-                    level=level,
-                    nodes=list(members),
-                    parent=_parent(snapshot, members[0], scope),
-                    total_gpus=sum(snapshot.node(n).topology.gpu_count for n in members),
-                    free_gpus=snapshot.free_in(members),
-                )
+    for level, domain, members, parent in _domains(snapshot):
+        msg.domains.append(
+            tpb.Domain(
+                id=domain,
+                level=level,
+                nodes=list(members),
+                parent=parent,
+                total_gpus=sum(snapshot.node(n).topology.gpu_count for n in members),
+                free_gpus=snapshot.free_in(members),
             )
+        )
     if as_of is not None:
         msg.as_of.CopyFrom(timestamp(as_of))
     return msg
 
 
-def _parent(snapshot: ClusterSnapshot, node: str, scope: Scope) -> str:
-    wider = {Scope.LEAF: Scope.SPINE, Scope.SPINE: Scope.CORE}.get(scope)
-    return (snapshot.domain_of(node, wider) or "") if wider else ""
+def _domains(
+    snapshot: ClusterSnapshot,
+) -> Iterator[tuple[Level, str, tuple[str, ...], str]]:
+    """(level, id, nodes, parent id) of every multi-node domain: NVLink domains, every fabric
+    tier the nodes report (not only the three a request can name), zones; ids sorted."""
+    for domain, members in snapshot.domains(Scope.NVLINK).items():
+        yield NVLINK, domain, members, ""
+    tiers: dict[int, dict[str, list[str]]] = {}
+    parents: dict[tuple[int, str], str] = {}
+    for name, node in snapshot.nodes.items():
+        path = node.topology.fabric.tiers
+        for tier in range(len(path)):
+            domain = tier_path(path, tier)
+            tiers.setdefault(tier, {}).setdefault(domain, []).append(name)
+            if tier + 1 < len(path):
+                parents[(tier, domain)] = tier_path(path, tier + 1)
+    for tier in sorted(tiers):
+        for domain, names in sorted(tiers[tier].items()):
+            parent = parents.get((tier, domain), "")
+            yield Level.of_tier(tier), domain, tuple(sorted(names)), parent
+    for domain, members in snapshot.domains(Scope.ZONE).items():
+        yield ZONE, domain, members, ""
 
 
 def _reservation_to_proto(r: Reservation) -> ppb.Reservation:
@@ -334,12 +348,12 @@ class PlacementService(pgrpc.PlacementServicer):
         context: grpc.aio.ServicerContext[ppb.WatchTopologyRequest, ppb.TopologyEvent],
     ) -> AsyncIterator[ppb.TopologyEvent]:
         """Every node first (as NODE_UPDATED), then each change as it happens."""
-        queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue(maxsize=_WATCH_QUEUE)
+        queue: asyncio.Queue[ChangeEvent] = asyncio.Queue(maxsize=_WATCH_QUEUE)
         overflow = asyncio.Event()
 
-        def listener(kind: str, node: str) -> None:
+        def listener(event: ChangeEvent) -> None:
             try:
-                queue.put_nowait((kind, node))
+                queue.put_nowait(event)
             except asyncio.QueueFull:
                 overflow.set()
 
@@ -354,8 +368,8 @@ class PlacementService(pgrpc.PlacementServicer):
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
                         "watcher fell behind; watch again from the start",
                     )
-                kind, node = await queue.get()
-                yield self._event(_EVENT_TYPES.get(kind, ppb.TopologyEvent.TYPE_NODE_UPDATED), node)
+                event = await queue.get()
+                yield self._event(_EVENT_TYPES[event.kind], event.node)
         finally:
             unsubscribe()
 
@@ -375,10 +389,10 @@ class PlacementService(pgrpc.PlacementServicer):
         return ev
 
 
-_EVENT_TYPES = {
-    "node": ppb.TopologyEvent.TYPE_NODE_UPDATED,
-    "labels": ppb.TopologyEvent.TYPE_NODE_UPDATED,
-    "stale": ppb.TopologyEvent.TYPE_NODE_STALE,
-    "removed": ppb.TopologyEvent.TYPE_NODE_REMOVED,
-    "allocation": ppb.TopologyEvent.TYPE_ALLOCATION_CHANGED,
+_EVENT_TYPES: dict[ChangeKind, ppb.TopologyEvent.Type.ValueType] = {
+    ChangeKind.NODE: ppb.TopologyEvent.TYPE_NODE_UPDATED,
+    ChangeKind.LABELS: ppb.TopologyEvent.TYPE_NODE_UPDATED,
+    ChangeKind.STALE: ppb.TopologyEvent.TYPE_NODE_STALE,
+    ChangeKind.REMOVED: ppb.TopologyEvent.TYPE_NODE_REMOVED,
+    ChangeKind.ALLOCATION: ppb.TopologyEvent.TYPE_ALLOCATION_CHANGED,
 }

@@ -25,6 +25,7 @@ import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from aggregator.changes import ChangeEvent, ChangeKind
 from aggregator.fabric import FabricSources, Resolution
 from aggregator.indexes import DomainIndex
 from gputopo.cluster import ClusterSnapshot, NodeState
@@ -96,27 +97,25 @@ class ClusterState:
         self._snapshot_key: tuple[int, frozenset[str]] | None = None
         # Nodes changed since the last snapshot, with the kinds of change: when only
         # allocations moved, the next snapshot derives from the last one in O(changes).
-        self._dirty: dict[str, set[str]] = {}
-        self._listeners: list[Callable[[str, str], None]] = []
+        self._dirty: dict[str, set[ChangeKind]] = {}
+        self._listeners: list[Callable[[ChangeEvent], None]] = []
         self._known_stale: frozenset[str] = frozenset()
 
     # --- observers ------------------------------------------------------------------------
 
-    def subscribe(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
-        """Call `listener(kind, node)` on every change; returns an unsubscribe function.
-
-        Kinds: `node` (reported topology, merged fabric, or back from stale), `labels`,
-        `removed`, `stale`, `allocation` (reservations: only free GPUs moved).
-        """
+    def subscribe(self, listener: Callable[[ChangeEvent], None]) -> Callable[[], None]:
+        """Call `listener(event)` on every change (`ChangeKind` says which); returns an
+        unsubscribe function."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
-    def _changed(self, kind: str, node: str) -> None:
+    def _changed(self, kind: ChangeKind, node: str) -> None:
         self.generation += 1
         self._dirty.setdefault(node, set()).add(kind)
         self._reindex(node)
+        event = ChangeEvent(kind, node, self.generation)
         for listener in list(self._listeners):
-            listener(kind, node)
+            listener(event)
 
     def _reindex(self, node: str) -> None:
         rec = self._nodes.get(node)
@@ -147,7 +146,7 @@ class ClusterState:
         for name in sorted(self._nodes if nodes is None else set(nodes) & set(self._nodes)):
             if self._remerge(name, self._nodes[name]):
                 changed.append(name)
-                self._changed("node", name)
+                self._changed(ChangeKind.NODE, name)
         return changed
 
     def _remerge(self, name: str, rec: NodeRecord) -> bool:
@@ -198,7 +197,7 @@ class ClusterState:
             if not changed and not was_stale:
                 return ReportOutcome.ACCEPTED
             rec.generation += 1
-        self._changed("node", name)
+        self._changed(ChangeKind.NODE, name)
         return ReportOutcome.ACCEPTED
 
     def _next_in_stream(
@@ -229,7 +228,7 @@ class ClusterState:
         if topo != rec.topology or was_stale:
             rec.topology = topo
             rec.generation += 1
-            self._changed("node", node)
+            self._changed(ChangeKind.NODE, node)
         return ReportOutcome.ACCEPTED
 
     def heartbeat(self, node: str, *, incarnation: int, sequence: int) -> ReportOutcome:
@@ -241,7 +240,7 @@ class ClusterState:
         was_stale = self._is_stale(rec, now)
         rec.sequence, rec.last_report = sequence, now
         if was_stale:
-            self._changed("node", node)
+            self._changed(ChangeKind.NODE, node)
         return ReportOutcome.ACCEPTED
 
     def set_labels(
@@ -260,7 +259,7 @@ class ClusterState:
             return
         rec.labels = dict(labels)
         self._remerge(node, rec)
-        self._changed("labels", node)
+        self._changed(ChangeKind.LABELS, node)
 
     def forget_labels(self, node: str) -> None:
         """The Node object is gone: its labels no longer say anything."""
@@ -285,13 +284,13 @@ class ClusterState:
             reported=topology,
             resolution=resolution,
         )
-        self._changed("node", topology.name)
+        self._changed(ChangeKind.NODE, topology.name)
 
     def remove_node(self, node: str) -> bool:
         """Forget a node (deleted from the cluster)."""
         if self._nodes.pop(node, None) is None:
             return False
-        self._changed("removed", node)
+        self._changed(ChangeKind.REMOVED, node)
         return True
 
     def set_probe_address(self, node: str, address: str) -> None:
@@ -332,7 +331,7 @@ class ClusterState:
         flipped = sorted(stale ^ self._known_stale)
         self._known_stale = stale
         for node in flipped:
-            self._changed("stale" if node in stale else "node", node)
+            self._changed(ChangeKind.STALE if node in stale else ChangeKind.NODE, node)
         return flipped
 
     # --- snapshots ------------------------------------------------------------------------
@@ -363,7 +362,7 @@ class ClusterState:
         return (
             self._snapshot_key is not None
             and self._snapshot_key[1] == stale
-            and all(kinds == {"allocation"} for kinds in self._dirty.values())
+            and all(kinds == {ChangeKind.ALLOCATION} for kinds in self._dirty.values())
             and (previous.now is None or self._clock() - previous.now < _SNAPSHOT_CLOCK_REUSE_S)
         )
 
@@ -390,7 +389,7 @@ class ClusterState:
 
     def _allocations_moved(self, nodes: Iterable[str]) -> None:
         for node in nodes:
-            self._changed("allocation", node)
+            self._changed(ChangeKind.ALLOCATION, node)
 
     def free_gpus(self, node: str) -> frozenset[int]:
         """GPUs of a node that no live reservation holds (empty for an unknown node)."""

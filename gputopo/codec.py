@@ -24,6 +24,7 @@ from gputopo.placement.result import (
     PodPlacement,
     Prediction,
     Rejection,
+    RejectionCode,
 )
 from gputopo.request import (
     DEFAULT_MESSAGE_BYTES,
@@ -716,5 +717,7 @@ def result_from_proto(msg: ppb.PlaceResponse) -> PlacementResult:
         pods=pods,
         prediction=prediction,
         reason=msg.reason,
-        rejections=tuple(Rejection(r.domain, r.code, r.message) for r in msg.rejections),
+        rejections=tuple(
+            Rejection(r.domain, RejectionCode(r.code), r.message) for r in msg.rejections
+        ),
     )

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import replace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aggregator.changes import ChangeEvent, ChangeKind
+from aggregator.service import _EVENT_TYPES
 from aggregator.state import ClusterState, ReportOutcome
 from gputopo.delta import NodeDelta
 from gputopo.links import LinkHealth
@@ -139,7 +142,7 @@ def test_reserving_a_held_gpu_is_a_loud_error(state: ClusterState) -> None:
 
 def test_listeners_hear_changes(state: ClusterState) -> None:
     heard: list[tuple[str, str]] = []
-    unsubscribe = state.subscribe(lambda kind, node: heard.append((kind, node)))
+    unsubscribe = state.subscribe(lambda event: heard.append((event.kind, event.node)))
     state.apply_snapshot(NODE, incarnation=5, sequence=1)
     unsubscribe()
     state.remove_node("n1")
@@ -208,3 +211,24 @@ def test_a_fabric_position_from_labels_moves_the_node_generation(state: ClusterS
     assert rec.generation == before + 1
     state.set_labels("n1", {"fabric.topograph.run/tier-0": "leaf-7", "team": "a"})
     assert rec.generation == before + 1
+
+
+def test_change_events_are_typed_frozen_and_numbered(state: ClusterState, clock: Clock) -> None:
+    heard: list[ChangeEvent] = []
+    state.subscribe(heard.append)
+    state.apply_snapshot(NODE, incarnation=5, sequence=1)
+    state.set_labels("n1", {"zone": "a"})
+    clock.now += state.stale_after_s + 1
+    state.check_stale()
+    state.remove_node("n1")
+    assert [(e.kind, e.node) for e in heard] == [
+        (ChangeKind.NODE, "n1"),
+        (ChangeKind.LABELS, "n1"),
+        (ChangeKind.STALE, "n1"),
+        (ChangeKind.REMOVED, "n1"),
+    ]
+    assert [e.generation for e in heard] == [1, 2, 3, 4]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        heard[0].kind = ChangeKind.STALE  # type: ignore[misc]
+    # WatchTopology has an event type for every kind (a new kind cannot be dropped silently).
+    assert set(_EVENT_TYPES) == set(ChangeKind)
