@@ -3,8 +3,8 @@ only labels it owns, only when they differ, and no faster than a client-side rat
 
 How it runs (`LabelPublisher.run`, only while this replica leads):
 
-1. List every Node, then watch them from the list's resource version (relist on 410 GoneError).
-   Each Node's labels go to the state (node selectors, and the labels fabric source).
+1. Follow the Node objects the Node watcher (`aggregator.nodewatch`, on every replica) keeps;
+   the watcher, not the publisher, gives their labels to the state.
 2. Wait until the state is warm: every node this aggregator labelled before (it carries our
    ownership annotation) has reported again, or `stale_after_s` has passed. A new leader or a
    restarted aggregator therefore compares against a complete state and patches nothing when
@@ -42,11 +42,11 @@ from aggregator.labels import (
     owned_keys,
     plan_patch,
 )
+from aggregator.nodewatch import NodeWatcher
 from aggregator.state import ClusterState
 from gputopo.domains import NVLINK
 from gputopo.runtime.kube import (
     ConflictError,
-    GoneError,
     KubeClient,
     KubeError,
     NodeObject,
@@ -94,6 +94,7 @@ class LabelPublisher:
         self,
         state: ClusterState,
         kube: KubeClient,
+        nodes: NodeWatcher,
         config: PublisherConfig | None = None,
         *,
         out: TextIO | None = None,
@@ -101,6 +102,7 @@ class LabelPublisher:
     ) -> None:
         self.state = state
         self.kube = kube
+        self.nodes = nodes
         config = config or PublisherConfig()
         self.config = config
         self.scheme = config.scheme
@@ -127,7 +129,8 @@ class LabelPublisher:
         """Publish until cancelled."""
         self._started = self._clock()
         unsubscribe = self.state.subscribe(self._changed)
-        tasks = [asyncio.create_task(self._watch_loop(), name="labels-watch")]
+        unwatch = self.nodes.subscribe(self._node_event)
+        tasks = [asyncio.create_task(self._seed(), name="labels-seed")]
         tasks += [asyncio.create_task(self._scheduler(), name="labels-scheduler")]
         tasks += [
             asyncio.create_task(self._worker(), name=f"labels-worker-{i}")
@@ -136,12 +139,27 @@ class LabelPublisher:
         try:
             await asyncio.gather(*tasks)
         finally:
+            unwatch()
             unsubscribe()
             for task in tasks:
                 task.cancel()
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    async def _seed(self) -> None:
+        """Take every Node the watcher has once it has listed them (a new leader starts from
+        the watcher's cache, not from a list of its own)."""
+        await self.nodes.synced.wait()
+        for node in list(self.nodes.cache.values()):
+            self._seen(node, force=True)
+        self.synced.set()
+
+    def _node_event(self, node: NodeObject, relisted: bool | None) -> None:
+        if relisted is None:
+            self.cache.pop(node.name, None)
+        else:
+            self._seen(node, force=relisted)
 
     def _changed(self, event: ChangeEvent) -> None:
         """A node changed: it, and the nodes whose labels depend on it, may need a patch.
@@ -190,47 +208,9 @@ class LabelPublisher:
                 if self._idle.is_set() and not self._dirty and not self._queued:
                     return
 
-    async def _watch_loop(self) -> None:
-        backoff = 0.5
-        while True:
-            try:
-                version = await self._relist()
-                self.synced.set()
-                backoff = 0.5
-                while True:
-                    async for kind, node in self.kube.watch_nodes(version):
-                        version = node.resource_version or version
-                        if kind == "BOOKMARK":
-                            continue
-                        if kind == "DELETED":
-                            self.cache.pop(node.name, None)
-                            self.state.forget_labels(node.name)
-                        else:
-                            self._seen(node)
-            except GoneError:
-                continue  # relist
-            except KubeError as err:
-                self.stats.errors += 1
-                log.warning("watching nodes failed (%s); retrying in %.1fs", err, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-
-    async def _relist(self) -> str:
-        nodes, version = await self.kube.list_nodes()
-        gone = set(self.cache) - {n.name for n in nodes}
-        for name in gone:
-            self.cache.pop(name, None)
-            self.state.forget_labels(name)
-        for node in nodes:
-            self._seen(node, force=True)
-        return version
-
     def _seen(self, node: NodeObject, *, force: bool = False) -> None:
         old = self.cache.get(node.name)
         self.cache[node.name] = node
-        self.state.set_labels(
-            node.name, node.labels, owned=owned_keys(node.annotations, self.scheme)
-        )
         if force or old is None or (old.labels, old.annotations) != (node.labels, node.annotations):
             self.mark(node.name)
 

@@ -2,12 +2,14 @@
 
 `Aggregator.start()` binds the gRPC server (port 0 picks a free port; the bound port is
 reported), the HTTP endpoints (`aggregator.http`) and the housekeeping task (expire
-reservations, announce stale nodes, re-infer probe tiers). With a Kubernetes client it also
-runs the writers — the label publisher and, opt-in, the scheduler objects — either at once or,
-with leader election, only while this replica holds the Lease (`gputopo.runtime.leader`). The leader
-also labels its own Pod `gputopo.io/role=leader` (when it knows its Pod), so a Service selecting
-that label routes exporters and placement clients to the leader; a new leader then rebuilds its
-state from the streams that reconnect to it and from the Node objects.
+reservations, announce stale nodes, re-infer probe tiers). With a Kubernetes client every
+replica watches the Node objects (`aggregator.nodewatch`: labels for node selectors, deleted
+Nodes leave the state), and it runs the writers (the label publisher and, opt-in, the
+scheduler objects) either at once or, with leader election, only while this replica holds the
+Lease (`gputopo.runtime.leader`). The leader also labels its own Pod `gputopo.io/role=leader`
+(when it knows its Pod), so a Service selecting that label routes exporters and placement
+clients to the leader; a new leader then rebuilds its state from the streams that reconnect to
+it and from the Node objects.
 
 `stop()` shuts down gracefully: the lease is released (a successor takes over at once), the
 writers stop, in-flight calls get a grace period. `stop(release_lease=False)` is what a crash
@@ -34,6 +36,7 @@ from aggregator.http_placement import add_placement_routes
 from aggregator.ingest import ReporterService
 from aggregator.labels import desired_labels
 from aggregator.metrics import AggregatorCollector, Sources
+from aggregator.nodewatch import NodeWatcher
 from aggregator.probes import ProbeCoordinator
 from aggregator.publisher import LabelPublisher, PublisherConfig, node_facts
 from aggregator.schedwriter import SchedulerObjectWriter
@@ -126,9 +129,15 @@ class Aggregator:
         )
         self.kube = kube
         opts = config.kube
+        # Node objects are read on every replica, leader or not, labels published or not.
+        self.nodes = (
+            NodeWatcher(self.state, kube, scheme=opts.publisher.scheme)
+            if kube is not None
+            else None
+        )
         self.publisher = (
-            LabelPublisher(self.state, kube, opts.publisher, out=out)
-            if kube is not None and opts.publish_labels
+            LabelPublisher(self.state, kube, self.nodes, opts.publisher, out=out)
+            if kube is not None and self.nodes is not None and opts.publish_labels
             else None
         )
         self.scheduler_objects = (
@@ -222,6 +231,8 @@ class Aggregator:
         if self.config.http_port is not None:
             self.http_port = await self.http.start(self.config.http_host, self.config.http_port)
         self._tasks.append(asyncio.create_task(self._housekeep(), name="housekeeping"))
+        if self.nodes is not None:
+            self._tasks.append(asyncio.create_task(self.nodes.run(), name="node-watch"))
         if self.elector is not None:
             await self._unmark_pod()
             self._tasks.append(asyncio.create_task(self.elector.run(), name="leader-election"))

@@ -100,6 +100,8 @@ class ClusterState:
         self._dirty: dict[str, set[ChangeKind]] = {}
         self._listeners: list[Callable[[ChangeEvent], None]] = []
         self._known_stale: frozenset[str] = frozenset()
+        # Nodes whose Node object was deleted -> the exporter incarnation to ignore.
+        self._deleted: dict[str, int] = {}
 
     # --- observers ------------------------------------------------------------------------
 
@@ -172,6 +174,8 @@ class ClusterState:
         now = self._clock()
         if rec is not None and (incarnation, sequence) <= (rec.incarnation, rec.sequence):
             return ReportOutcome.IGNORED
+        if incarnation <= self._deleted.get(name, -1):
+            return ReportOutcome.IGNORED  # its Node object was deleted (`node_deleted`)
         effective, resolution = self._effective(name, topology)
         if rec is None:
             self._nodes[name] = NodeRecord(
@@ -251,6 +255,7 @@ class ClusterState:
         All labels serve node selectors; those not owned are also a fabric source.
         """
         entry = (dict(labels), owned)
+        self._deleted.pop(node, None)  # a Node object by that name exists (again)
         if self._kube_labels.get(node) == entry:
             return
         self._kube_labels[node] = entry
@@ -292,6 +297,20 @@ class ClusterState:
             return False
         self._changed(ChangeKind.REMOVED, node)
         return True
+
+    def node_deleted(self, node: str) -> None:
+        """The node's Kubernetes Node object was deleted: forget its labels and the node.
+
+        Its exporter may not know yet (or never will, if the machine is gone but the process
+        is not): reports of the incarnation it had are ignored from now on, so the node does
+        not come back with the next heartbeat. A new incarnation (the exporter restarted) or a
+        new Node object with that name lets it in again.
+        """
+        self.forget_labels(node)
+        rec = self._nodes.get(node)
+        if rec is not None and rec.source == "exporter":
+            self._deleted[node] = rec.incarnation
+        self.remove_node(node)
 
     def set_probe_address(self, node: str, address: str) -> None:
         """Where a node answers network probes (from its reports)."""

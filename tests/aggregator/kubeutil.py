@@ -43,6 +43,7 @@ async def aggregator(
     impersonate: str | None = None,
     inventory_path: str | None = None,
     out: TextIO | None = None,
+    http_port: int | None = None,
 ) -> AsyncIterator[Aggregator]:
     """An aggregator with a Kubernetes client of its own, stopped (gracefully) on exit."""
     client = KubeClient(kube.api_client(token, impersonate=impersonate))
@@ -52,6 +53,7 @@ async def aggregator(
             heartbeat_interval_s=0.2,
             housekeeping_interval_s=0.1,
             inventory_path=inventory_path,
+            http_port=http_port,
             kube=options or KubeOptions(publisher=fast_publisher()),
         ),
         kube=client,

@@ -232,3 +232,23 @@ def test_change_events_are_typed_frozen_and_numbered(state: ClusterState, clock:
         heard[0].kind = ChangeKind.STALE  # type: ignore[misc]
     # WatchTopology has an event type for every kind (a new kind cannot be dropped silently).
     assert set(_EVENT_TYPES) == set(ChangeKind)
+
+
+def test_a_deleted_node_stays_out_until_a_new_life_or_a_new_node_object(
+    state: ClusterState,
+) -> None:
+    state.apply_snapshot(NODE, incarnation=5, sequence=1)
+    state.set_labels("n1", {"team": "infra"})
+    state.node_deleted("n1")
+    assert (state.node_names, state.kube_labels("n1")) == ([], None)
+    # The same exporter life keeps talking: ignored, and a heartbeat asks for a snapshot.
+    assert state.apply_snapshot(NODE, incarnation=5, sequence=2) is ReportOutcome.IGNORED
+    assert state.heartbeat("n1", incarnation=5, sequence=3) is ReportOutcome.RESYNC
+    assert state.node_names == []
+    # A restarted exporter is a new life: let in.
+    assert state.apply_snapshot(NODE, incarnation=6, sequence=1) is ReportOutcome.ACCEPTED
+    state.node_deleted("n1")
+    # The Node object is created again: the old life may report again.
+    state.set_labels("n1", {})
+    assert state.apply_snapshot(NODE, incarnation=6, sequence=2) is ReportOutcome.ACCEPTED
+    assert state.node_names == ["n1"]
