@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gputopo.cli import main
+from gputopo.app.cli import main
 from gputopo.machines import PROFILES
 
 

@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo."""
     import sys
 
-    from gputopo.demo import main
+    from gputopo.app.demo import main
     from gputopo.runtime.kube import KubeError
 
     try:
