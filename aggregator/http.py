@@ -22,7 +22,7 @@ from aiohttp import web
 from google.protobuf import json_format
 from prometheus_client import CollectorRegistry
 
-from aggregator.service import topology_to_proto
+from aggregator.service import cluster_message
 from aggregator.state import ClusterState
 from gputopo.runtime.http import HttpServer, ProbeResult
 
@@ -92,9 +92,7 @@ class HttpEndpoints:
     async def _topology(self, request: web.Request) -> web.Response:
         snapshot = self.state.snapshot()
         include_links = request.query.get("links", "true").lower() != "false"
-        msg = topology_to_proto(
-            snapshot, self.state, include_links=include_links, as_of=self.clock()
-        )
+        msg = cluster_message(snapshot, self.state, include_links=include_links, as_of=self.clock())
         return web.json_response(_to_json(msg))
 
     async def _node(self, request: web.Request) -> web.Response:
@@ -102,7 +100,7 @@ class HttpEndpoints:
         snapshot = self.state.snapshot()
         if name not in snapshot.nodes:
             return web.json_response({"error": f"unknown node {name!r}"}, status=404)
-        msg = topology_to_proto(snapshot, self.state, nodes=[name])
+        msg = cluster_message(snapshot, self.state, nodes=[name])
         return web.json_response(_to_json(msg.nodes[0]))
 
     async def _sources(self, request: web.Request) -> web.Response:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 import grpc
@@ -24,14 +24,14 @@ from aggregator.state import ClusterState
 from gputopo.cluster import ClusterSnapshot
 from gputopo.codec import (
     CodecError,
+    cluster_to_proto,
     node_state_to_proto,
     request_from_proto,
     result_to_proto,
     timestamp,
 )
-from gputopo.domains import NVLINK, ZONE, Level, tier_path
 from gputopo.placement import PlacementResult, UnknownPolicyError, place
-from gputopo.request import RequestError, Scope
+from gputopo.request import RequestError
 from gputopo.reservations import Reservation, ReservationError
 from gputopo.v1 import placement_pb2 as ppb
 from gputopo.v1 import placement_pb2_grpc as pgrpc
@@ -41,7 +41,7 @@ __all__ = [
     "DEFAULT_RESERVATION_TTL_S",
     "PlacementError",
     "PlacementService",
-    "topology_to_proto",
+    "cluster_message",
 ]
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ DEFAULT_RESERVATION_TTL_S = 60.0
 _WATCH_QUEUE = 1024
 
 
-def topology_to_proto(
+def cluster_message(
     snapshot: ClusterSnapshot,
     state: ClusterState,
     *,
@@ -59,66 +59,28 @@ def topology_to_proto(
     include_links: bool = True,
     as_of: float | None = None,
 ) -> tpb.ClusterTopology:
-    """The cluster as a ClusterTopology message."""
+    """The cluster as a ClusterTopology message (`gputopo.codec.cluster`), with what only the
+    state knows: node generations, last reports, and which held GPUs are still pending."""
     held = state.held_gpus()
     pending: dict[str, set[int]] = {}
     for r in state.reservations():
         if not r.committed:
             for held_on, gpus in r.gpus.items():
                 pending.setdefault(held_on, set()).update(gpus)
-    wanted = set(nodes) if nodes else None
-    msg = tpb.ClusterTopology(generation=snapshot.generation)
-    for name, node in snapshot.nodes.items():
-        if wanted is not None and name not in wanted:
-            continue
+    reserved = {n: gpus & held.get(n, frozenset()) for n, gpus in pending.items()}
+
+    def facts(name: str) -> tuple[int, float | None]:
         rec = state.record(name)
-        msg.nodes.append(
-            node_state_to_proto(
-                node,
-                generation=rec.generation if rec else 0,
-                last_report=rec.last_report if rec else None,
-                reserved=sorted(pending.get(name, set()) & held.get(name, frozenset())),
-                include_links=include_links,
-            )
-        )
-    for level, domain, members, parent in _domains(snapshot):
-        msg.domains.append(
-            tpb.Domain(
-                id=domain,
-                level=level,
-                nodes=list(members),
-                parent=parent,
-                total_gpus=sum(snapshot.node(n).topology.gpu_count for n in members),
-                free_gpus=snapshot.free_in(members),
-            )
-        )
-    if as_of is not None:
-        msg.as_of.CopyFrom(timestamp(as_of))
-    return msg
+        return (rec.generation, rec.last_report) if rec else (0, None)
 
-
-def _domains(
-    snapshot: ClusterSnapshot,
-) -> Iterator[tuple[Level, str, tuple[str, ...], str]]:
-    """(level, id, nodes, parent id) of every multi-node domain: NVLink domains, every fabric
-    tier the nodes report (not only the three a request can name), zones; ids sorted."""
-    for domain, members in snapshot.domains(Scope.NVLINK).items():
-        yield NVLINK, domain, members, ""
-    tiers: dict[int, dict[str, list[str]]] = {}
-    parents: dict[tuple[int, str], str] = {}
-    for name, node in snapshot.nodes.items():
-        path = node.topology.fabric.tiers
-        for tier in range(len(path)):
-            domain = tier_path(path, tier)
-            tiers.setdefault(tier, {}).setdefault(domain, []).append(name)
-            if tier + 1 < len(path):
-                parents[(tier, domain)] = tier_path(path, tier + 1)
-    for tier in sorted(tiers):
-        for domain, names in sorted(tiers[tier].items()):
-            parent = parents.get((tier, domain), "")
-            yield Level.of_tier(tier), domain, tuple(sorted(names)), parent
-    for domain, members in snapshot.domains(Scope.ZONE).items():
-        yield ZONE, domain, members, ""
+    return cluster_to_proto(
+        snapshot,
+        facts=facts,
+        reserved=reserved,
+        nodes=nodes,
+        include_links=include_links,
+        as_of=as_of,
+    )
 
 
 def _reservation_to_proto(r: Reservation) -> ppb.Reservation:
@@ -292,7 +254,7 @@ class PlacementService(pgrpc.PlacementServicer):
         unknown = sorted(set(request.nodes) - set(snapshot.nodes))
         if unknown:
             raise PlacementError(grpc.StatusCode.NOT_FOUND, f"nodes: unknown node {unknown[0]!r}")
-        return topology_to_proto(
+        return cluster_message(
             snapshot,
             self._state,
             nodes=list(request.nodes) or None,
