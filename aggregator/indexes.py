@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from gputopo.cluster import domain_ids
-from gputopo.domains import NODE, NVLINK, ZONE, Level, tier_path
+from gputopo.domains import NODE, NVLINK, ZONE, Level, level_tier, tier_level, tier_path
 from gputopo.request import Scope
 from gputopo.topology import NodeTopology
 
@@ -41,7 +41,7 @@ def node_domains(topology: NodeTopology, labels: Mapping[str, str]) -> dict[Leve
         out[NVLINK] = nvlink
     tiers = topology.fabric.tiers
     for tier in range(len(tiers)):
-        out[Level.of_tier(tier)] = tier_path(tiers, tier)
+        out[tier_level(tier)] = tier_path(tiers, tier)
     zone = ids.get(Scope.ZONE)
     if zone:
         out[ZONE] = zone
@@ -69,7 +69,7 @@ class DomainIndex:
     """Per-domain GPU counts, updated incrementally (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._levels: dict[str, dict[str, DomainStats]] = {}  # keyed by Level
+        self._levels: dict[str, dict[str, DomainStats]] = {}
         self._entries: dict[str, _Entry] = {}
         # tier level -> raw tier value -> domain ids (paths) using it: a raw value used under
         # two different parents is ambiguous as a cluster-wide label value.
@@ -114,7 +114,7 @@ class DomainIndex:
             stats.free_gpus -= entry.free
             if not stats.nodes:
                 del self._levels[level][domain]
-                tier = level.tier
+                tier = level_tier(level)
                 if tier is not None:
                     self._forget_raw(tier, entry.tiers[tier], domain)
 
@@ -125,7 +125,7 @@ class DomainIndex:
             if not paths:
                 del self._raw_tiers[tier][raw]
 
-    def domains(self, level: Level | str) -> Mapping[str, DomainStats]:
+    def domains(self, level: str) -> Mapping[str, DomainStats]:
         """Domain id -> stats at one level (live view: do not keep across changes)."""
         return self._levels.get(level, {})
 
@@ -133,14 +133,14 @@ class DomainIndex:
         """Levels that have at least one domain."""
         return (Level(level) for level, domains in self._levels.items() if domains)
 
-    def domain_of(self, node: str, level: Level | str) -> str | None:
+    def domain_of(self, node: str, level: str) -> str | None:
         """A node's domain at a level, or None."""
         entry = self._entries.get(node)
         if entry is None:
             return None
         return next((d for lv, d in entry.domains if lv == level), None)
 
-    def stats(self, level: Level | str, domain: str) -> DomainStats | None:
+    def stats(self, level: str, domain: str) -> DomainStats | None:
         """One domain's stats."""
         return self._levels.get(level, {}).get(domain)
 
@@ -150,7 +150,7 @@ class DomainIndex:
 
     def nodes_with_tier_value(self, tier: int, raw: str) -> set[str]:
         """Nodes whose tier `tier` has the raw value `raw` (under any parent)."""
-        level = self._levels.get(Level.of_tier(tier), {})
+        level = self._levels.get(tier_level(tier), {})
         out: set[str] = set()
         for path in self._raw_tiers.get(tier, {}).get(raw, ()):
             stats = level.get(path)

@@ -12,13 +12,13 @@ tiers); everything that *reports* domains speaks `Level`, which has every tier:
 
 A domain id at tier n is the tier's whole path from the top down (`tier_path`), so a leaf name
 reused under two spines is two leaves; the id is unique within its level, and `level/id` is
-unique in the cluster. `Level` is a `str` so that the spelling is the value: it goes into JSON,
-protobuf and metric labels as is, and parses back with `Level(text)`.
+unique in the cluster. A `Level` is its spelling (a typed `str`), checked by `parse_level`.
 """
 
 from __future__ import annotations
 
 import re
+from typing import NewType
 
 from gputopo.request import Scope
 
@@ -29,47 +29,60 @@ __all__ = [
     "ZONE",
     "Level",
     "domain_name",
+    "level_tier",
+    "parent_level",
     "parse_domain_name",
+    "parse_level",
+    "scope_level",
+    "tier_level",
     "tier_path",
 ]
 
 _TIER = re.compile(r"^tier-(0|[1-9][0-9]?)$")
 _NAMED = frozenset({"node", "nvlink", "zone", "cluster"})
 _TIER_OF_SCOPE = {Scope.LEAF: 0, Scope.SPINE: 1, Scope.CORE: 2}
+# The index asks for tier levels on every node update: spell each one once.
+_TIER_LEVELS: dict[int, Level] = {}
 
 
-class Level(str):
-    """A domain level: `node`, `nvlink`, `tier-N` (N >= 0), `zone` or `cluster`."""
+# A level's spelling is its value: it goes into JSON, protobuf and metric labels as is. A
+# NewType, not a str subclass: levels key the domain index, which is updated on every report,
+# and plain str keys keep CPython's fast dict paths (a subclass doubled the update's cost).
+Level = NewType("Level", str)
 
-    __slots__ = ()
 
-    def __new__(cls, text: str) -> Level:
-        if text not in _NAMED and not _TIER.match(text):
-            raise ValueError(f"not a domain level: {text!r} (node, nvlink, tier-N, zone, cluster)")
-        return super().__new__(cls, text)
+def parse_level(text: str) -> Level:
+    """A level from its spelling; ValueError for anything else (`leaf`, `accelerator`, ...)."""
+    if text not in _NAMED and not _TIER.match(text):
+        raise ValueError(f"not a domain level: {text!r} (node, nvlink, tier-N, zone, cluster)")
+    return Level(text)
 
-    @classmethod
-    def of_tier(cls, tier: int) -> Level:
-        """Fabric tier `tier` (0 = the switch group closest to the node)."""
+
+def tier_level(tier: int) -> Level:
+    """Fabric tier `tier` (0 = the switch group closest to the node)."""
+    level = _TIER_LEVELS.get(tier)
+    if level is None:
         if tier < 0:
             raise ValueError(f"tier must be >= 0, not {tier}")
-        return cls(f"tier-{tier}")
+        level = _TIER_LEVELS[tier] = Level(f"tier-{tier}")
+    return level
 
-    @classmethod
-    def of_scope(cls, scope: Scope) -> Level:
-        """The level a request scope names (LEAF, SPINE, CORE are tiers 0, 1, 2)."""
-        tier = _TIER_OF_SCOPE.get(scope)
-        return cls.of_tier(tier) if tier is not None else cls(scope.name.lower())
 
-    @property
-    def tier(self) -> int | None:
-        """The fabric tier of a tier level, else None."""
-        return int(self[5:]) if self.startswith("tier-") else None
+def scope_level(scope: Scope) -> Level:
+    """The level a request scope names (LEAF, SPINE, CORE are tiers 0, 1, 2)."""
+    tier = _TIER_OF_SCOPE.get(scope)
+    return tier_level(tier) if tier is not None else Level(scope.name.lower())
 
-    def parent(self) -> Level | None:
-        """The next wider tier of a tier level (the domain that contains it), else None."""
-        tier = self.tier
-        return Level.of_tier(tier + 1) if tier is not None else None
+
+def level_tier(level: str) -> int | None:
+    """The fabric tier of a tier level, else None."""
+    return int(level[5:]) if level.startswith("tier-") else None
+
+
+def parent_level(level: str) -> Level | None:
+    """The next wider tier of a tier level (the domain that contains it), else None."""
+    tier = level_tier(level)
+    return tier_level(tier + 1) if tier is not None else None
 
 
 NODE = Level("node")
@@ -87,9 +100,13 @@ def tier_path(tiers: tuple[str, ...], tier: int) -> str:
     return "/".join(reversed(tiers[tier:]))
 
 
+# Placement names rejected domains by scope, many per decision: look the spelling up.
+_SCOPE_LEVELS = {scope: scope_level(scope) for scope in Scope}
+
+
 def domain_name(level: Level | Scope, domain_id: str) -> str:
     """`level/id`: how a rejection, the API and a dashboard name one domain."""
-    lv = level if isinstance(level, Level) else Level.of_scope(level)
+    lv = _SCOPE_LEVELS[level] if isinstance(level, Scope) else level
     return f"{lv}/{domain_id}"
 
 
@@ -98,4 +115,4 @@ def parse_domain_name(name: str) -> tuple[Level, str]:
     level, sep, domain_id = name.partition("/")
     if not sep or not domain_id:
         raise ValueError(f"not a domain name: {name!r} (want level/id)")
-    return Level(level), domain_id
+    return parse_level(level), domain_id

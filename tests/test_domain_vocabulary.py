@@ -13,7 +13,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from aggregator.server import Aggregator, AggregatorConfig
 from gputopo.codec import request_to_proto
-from gputopo.domains import Level, domain_name, parse_domain_name, tier_path
+from gputopo.domains import (
+    domain_name,
+    level_tier,
+    parent_level,
+    parse_domain_name,
+    parse_level,
+    scope_level,
+    tier_path,
+)
 from gputopo.placement.result import RejectionCode
 from gputopo.request import Scope, request_from_mapping
 from gputopo.runtime import grpcio
@@ -36,18 +44,18 @@ PROTO = Path(__file__).parent.parent / "proto" / "gputopo" / "v1" / "placement.p
     ],
 )
 def test_levels_parse_and_nest(text: str, tier: int | None, parent: str | None) -> None:
-    level = Level(text)
-    assert (level, level.tier, level.parent()) == (text, tier, parent)
+    level = parse_level(text)
+    assert (level, level_tier(level), parent_level(level)) == (text, tier, parent)
 
 
 @pytest.mark.parametrize("text", ["leaf", "accelerator", "tier-", "tier-01", "Tier-0", ""])
 def test_old_and_wrong_spellings_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match="not a domain level"):
-        Level(text)
+        parse_level(text)
 
 
 def test_scopes_name_levels_and_domain_names_round_trip() -> None:
-    assert [Level.of_scope(s) for s in Scope] == [
+    assert [scope_level(s) for s in Scope] == [
         "nvlink",
         "node",
         "tier-0",

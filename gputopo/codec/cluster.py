@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from gputopo.cluster import ClusterSnapshot, NodeState
 from gputopo.codec._base import timestamp
 from gputopo.codec.topology import topology_to_proto
-from gputopo.domains import NVLINK, ZONE, Level, tier_path
+from gputopo.domains import NVLINK, ZONE, Level, tier_level, tier_path
 from gputopo.request import Scope
 from gputopo.v1 import topology_pb2 as tpb
 
@@ -115,6 +115,6 @@ def _domains(
     for tier in sorted(tiers):
         for domain, names in sorted(tiers[tier].items()):
             parent = parents.get((tier, domain), "")
-            yield Level.of_tier(tier), domain, tuple(sorted(names)), parent
+            yield tier_level(tier), domain, tuple(sorted(names)), parent
     for domain, members in snapshot.domains(Scope.ZONE).items():
         yield ZONE, domain, members, ""
