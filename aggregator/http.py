@@ -2,7 +2,9 @@
 
 - `/healthz`: the process runs. `/readyz`: the gRPC server serves (503 before that); the body
   says whether this replica leads.
-- `/metrics`: Prometheus text from the registry the server passes in (`aggregator.metrics`).
+- `/metrics`: the registry the server passes in (`aggregator.metrics`).
+
+Those three come from the boot every process shares (`gputopo.runtime.http`).
 - `/api/v1/topology` (`?links=false` leaves intra-node links out) and `/api/v1/nodes/{name}`:
   the same `ClusterTopology` / `NodeState` messages as gRPC's `GetTopology`, in protobuf's JSON
   mapping with the .proto field names.
@@ -12,17 +14,17 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
 from google.protobuf import json_format
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
-from aggregator.service import topology_to_proto
+from aggregator.service import cluster_message
 from aggregator.state import ClusterState
+from gputopo.runtime.http import HttpServer, ProbeResult
 
 __all__ = ["HttpEndpoints"]
 
@@ -56,59 +58,41 @@ class HttpEndpoints:
         self._ready = ready
         self._role = role
         self._desired = desired_labels
-        self._runner: web.AppRunner | None = None
-        self.port = 0
+        self._server = HttpServer(registry=registry, readyz=self._readyz, routes=self._add_routes)
+
+    @property
+    def port(self) -> int:
+        """The bound port (0 before `start`)."""
+        return self._server.port
 
     def app(self) -> web.Application:
         """The aiohttp application."""
-        app = web.Application()
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        app.router.add_get("/metrics", self._metrics)
+        return self._server.app()
+
+    def _add_routes(self, app: web.Application) -> None:
         app.router.add_get("/api/v1/topology", self._topology)
         app.router.add_get("/api/v1/nodes/{name}", self._node)
         app.router.add_get("/api/v1/nodes/{name}/sources", self._sources)
         if self._extra_routes is not None:  # the placement mirror and extender
             self._extra_routes(app)
-        return app
 
     async def start(self, host: str, port: int) -> int:
         """Serve; returns the bound port (port 0 picks a free one)."""
-        runner = web.AppRunner(self.app(), access_log=None)
-        await runner.setup()
-        # Bind the socket ourselves so port 0 works and the bound port is known.
-        sock = socket.create_server((host, port))
-        await web.SockSite(runner, sock).start()
-        self._runner = runner
-        self.port = sock.getsockname()[1]
-        return self.port
+        return await self._server.start(host, port)
 
     async def stop(self) -> None:
         """Stop serving."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._server.stop()
 
-    async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def _readyz(self, request: web.Request) -> web.Response:
+    def _readyz(self) -> ProbeResult:
         ready = self._ready()
-        return web.json_response(
-            {"ready": ready, "role": self._role(), "nodes": len(self.state.node_names)},
-            status=200 if ready else 503,
-        )
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        body = {"ready": ready, "role": self._role(), "nodes": len(self.state.node_names)}
+        return ProbeResult(ready, body)
 
     async def _topology(self, request: web.Request) -> web.Response:
         snapshot = self.state.snapshot()
         include_links = request.query.get("links", "true").lower() != "false"
-        msg = topology_to_proto(
-            snapshot, self.state, include_links=include_links, as_of=self.clock()
-        )
+        msg = cluster_message(snapshot, self.state, include_links=include_links, as_of=self.clock())
         return web.json_response(_to_json(msg))
 
     async def _node(self, request: web.Request) -> web.Response:
@@ -116,7 +100,7 @@ class HttpEndpoints:
         snapshot = self.state.snapshot()
         if name not in snapshot.nodes:
             return web.json_response({"error": f"unknown node {name!r}"}, status=404)
-        msg = topology_to_proto(snapshot, self.state, nodes=[name])
+        msg = cluster_message(snapshot, self.state, nodes=[name])
         return web.json_response(_to_json(msg.nodes[0]))
 
     async def _sources(self, request: web.Request) -> web.Response:

@@ -12,6 +12,8 @@ here is the same domain placement reasons about:
   (`core/spine-1/leaf-2`), so a leaf name reused under two spines is two leaves;
 - `zone`: the node's zone.
 
+Levels are `gputopo.domains.Level`s, spelt as the metrics, GetTopology and rejections spell them.
+
 Totals count every GPU of every known node; `free` counts free GPUs of placeable nodes only
 (a stale node contributes GPUs to `total` and nothing to `free`).
 """
@@ -22,21 +24,16 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from gputopo.cluster import domain_ids
+from gputopo.domains import NODE, NVLINK, ZONE, Level, level_tier, tier_level, tier_path
 from gputopo.request import Scope
 from gputopo.topology import NodeTopology
 
 __all__ = ["DomainIndex", "DomainStats", "node_domains"]
 
-NODE, NVLINK, ZONE = "node", "nvlink", "zone"
 
-
-def tier_level(tier: int) -> str:
-    """The index level of fabric tier `tier` (0 = leaf group)."""
-    return f"tier-{tier}"
-
-
-def node_domains(topology: NodeTopology, labels: Mapping[str, str]) -> dict[str, str]:
-    """Level -> domain id of one node, with the placement snapshot's identities."""
+def node_domains(topology: NodeTopology, labels: Mapping[str, str]) -> dict[Level, str]:
+    """Level -> domain id of one node, with the placement snapshot's identities (every tier
+    the fabric has, not only the three a request can name)."""
     ids = domain_ids(topology, labels)
     out = {NODE: topology.name}
     nvlink = ids.get(Scope.NVLINK)
@@ -44,16 +41,11 @@ def node_domains(topology: NodeTopology, labels: Mapping[str, str]) -> dict[str,
         out[NVLINK] = nvlink
     tiers = topology.fabric.tiers
     for tier in range(len(tiers)):
-        out[tier_level(tier)] = _path(tiers, tier)
+        out[tier_level(tier)] = tier_path(tiers, tier)
     zone = ids.get(Scope.ZONE)
     if zone:
         out[ZONE] = zone
     return out
-
-
-def _path(tiers: tuple[str, ...], tier: int) -> str:
-    """A tier's identity: its whole path from the top down (as `ClusterSnapshot` keys it)."""
-    return "/".join(reversed(tiers[tier:]))
 
 
 @dataclass(slots=True)
@@ -67,7 +59,7 @@ class DomainStats:
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
-    domains: tuple[tuple[str, str], ...]
+    domains: tuple[tuple[Level, str], ...]
     tiers: tuple[str, ...]
     total: int
     free: int
@@ -105,7 +97,7 @@ class DomainIndex:
             stats.free_gpus += entry.free
         for tier, raw in enumerate(tiers):
             paths = self._raw_tiers.setdefault(tier, {}).setdefault(raw, set())
-            paths.add(_path(tiers, tier))
+            paths.add(tier_path(tiers, tier))
 
     def remove(self, node: str) -> None:
         """Forget a node."""
@@ -122,8 +114,8 @@ class DomainIndex:
             stats.free_gpus -= entry.free
             if not stats.nodes:
                 del self._levels[level][domain]
-                if level.startswith("tier-"):
-                    tier = int(level.removeprefix("tier-"))
+                tier = level_tier(level)
+                if tier is not None:
                     self._forget_raw(tier, entry.tiers[tier], domain)
 
     def _forget_raw(self, tier: int, raw: str, path: str) -> None:
@@ -137,9 +129,9 @@ class DomainIndex:
         """Domain id -> stats at one level (live view: do not keep across changes)."""
         return self._levels.get(level, {})
 
-    def levels(self) -> Iterator[str]:
+    def levels(self) -> Iterator[Level]:
         """Levels that have at least one domain."""
-        return (level for level, domains in self._levels.items() if domains)
+        return (Level(level) for level, domains in self._levels.items() if domains)
 
     def domain_of(self, node: str, level: str) -> str | None:
         """A node's domain at a level, or None."""

@@ -3,8 +3,8 @@ only labels it owns, only when they differ, and no faster than a client-side rat
 
 How it runs (`LabelPublisher.run`, only while this replica leads):
 
-1. List every Node, then watch them from the list's resource version (relist on 410 GoneError).
-   Each Node's labels go to the state (node selectors, and the labels fabric source).
+1. Follow the Node objects the Node watcher (`aggregator.nodewatch`, on every replica) keeps;
+   the watcher, not the publisher, gives their labels to the state.
 2. Wait until the state is warm: every node this aggregator labelled before (it carries our
    ownership annotation) has reported again, or `stale_after_s` has passed. A new leader or a
    restarted aggregator therefore compares against a complete state and patches nothing when
@@ -32,16 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from aggregator.indexes import NVLINK
-from aggregator.kube import (
-    ConflictError,
-    GoneError,
-    KubeClient,
-    KubeError,
-    NodeObject,
-    NotFoundError,
-    ThrottledError,
-)
+from aggregator.changes import ChangeEvent, ChangeKind
 from aggregator.labels import (
     LabelPatch,
     LabelScheme,
@@ -51,52 +42,22 @@ from aggregator.labels import (
     owned_keys,
     plan_patch,
 )
+from aggregator.nodewatch import NodeWatcher
 from aggregator.state import ClusterState
+from gputopo.domains import NVLINK
+from gputopo.runtime.kube import (
+    ConflictError,
+    KubeClient,
+    KubeError,
+    NodeObject,
+    NotFoundError,
+    ThrottledError,
+)
+from gputopo.runtime.ratelimit import RateLimiter
 
-__all__ = ["LabelPublisher", "PublisherConfig", "PublisherStats", "RateLimiter", "node_facts"]
+__all__ = ["LabelPublisher", "PublisherConfig", "PublisherStats", "node_facts"]
 
 log = logging.getLogger(__name__)
-
-
-class RateLimiter:
-    """A token bucket: `qps` tokens per second, at most `burst` saved up (client-go's QPS and
-    Burst)."""
-
-    def __init__(
-        self,
-        *,
-        qps: float,
-        burst: int,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if qps <= 0 or burst < 1:
-            raise ValueError("rate limit needs qps > 0 and burst >= 1")
-        self.qps = qps
-        self.burst = burst
-        self._clock = clock
-        self._tokens = float(burst)
-        self._at = clock()
-
-    def _refill(self) -> None:
-        now = self._clock()
-        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.qps)
-        self._at = now
-
-    def wait_s(self) -> float:
-        """Seconds until a token is available (0: now)."""
-        self._refill()
-        return 0.0 if self._tokens >= 1 else (1 - self._tokens) / self.qps
-
-    async def acquire(self) -> None:
-        """Take one token, waiting for it when the bucket is empty.
-
-        The token is taken at once (the balance may go negative) and the caller sleeps off the
-        debt, so concurrent callers queue up fairly at exactly `qps`.
-        """
-        self._refill()
-        self._tokens -= 1
-        if self._tokens < 0:
-            await asyncio.sleep(-self._tokens / self.qps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +94,7 @@ class LabelPublisher:
         self,
         state: ClusterState,
         kube: KubeClient,
+        nodes: NodeWatcher,
         config: PublisherConfig | None = None,
         *,
         out: TextIO | None = None,
@@ -140,6 +102,7 @@ class LabelPublisher:
     ) -> None:
         self.state = state
         self.kube = kube
+        self.nodes = nodes
         config = config or PublisherConfig()
         self.config = config
         self.scheme = config.scheme
@@ -166,7 +129,8 @@ class LabelPublisher:
         """Publish until cancelled."""
         self._started = self._clock()
         unsubscribe = self.state.subscribe(self._changed)
-        tasks = [asyncio.create_task(self._watch_loop(), name="labels-watch")]
+        unwatch = self.nodes.subscribe(self._node_event)
+        tasks = [asyncio.create_task(self._seed(), name="labels-seed")]
         tasks += [asyncio.create_task(self._scheduler(), name="labels-scheduler")]
         tasks += [
             asyncio.create_task(self._worker(), name=f"labels-worker-{i}")
@@ -175,6 +139,7 @@ class LabelPublisher:
         try:
             await asyncio.gather(*tasks)
         finally:
+            unwatch()
             unsubscribe()
             for task in tasks:
                 task.cancel()
@@ -182,7 +147,21 @@ class LabelPublisher:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    def _changed(self, kind: str, node: str) -> None:
+    async def _seed(self) -> None:
+        """Take every Node the watcher has once it has listed them (a new leader starts from
+        the watcher's cache, not from a list of its own)."""
+        await self.nodes.synced.wait()
+        for node in list(self.nodes.cache.values()):
+            self._seen(node, force=True)
+        self.synced.set()
+
+    def _node_event(self, node: NodeObject, relisted: bool | None) -> None:
+        if relisted is None:
+            self.cache.pop(node.name, None)
+        else:
+            self._seen(node, force=relisted)
+
+    def _changed(self, event: ChangeEvent) -> None:
         """A node changed: it, and the nodes whose labels depend on it, may need a patch.
 
         Two labels depend on other nodes: the NVLink domain size (the whole domain's GPUs) and
@@ -190,8 +169,9 @@ class LabelPublisher:
         When either moves, every node it concerns is marked, not only the one that reported.
         Reservations are ignored: no label depends on which GPUs are held.
         """
-        if kind == "allocation":
+        if event.kind is ChangeKind.ALLOCATION:
             return
+        node = event.node
         self.mark(node)
         index = self.state.index
         domain = index.domain_of(node, NVLINK)
@@ -228,47 +208,9 @@ class LabelPublisher:
                 if self._idle.is_set() and not self._dirty and not self._queued:
                     return
 
-    async def _watch_loop(self) -> None:
-        backoff = 0.5
-        while True:
-            try:
-                version = await self._relist()
-                self.synced.set()
-                backoff = 0.5
-                while True:
-                    async for kind, node in self.kube.watch_nodes(version):
-                        version = node.resource_version or version
-                        if kind == "BOOKMARK":
-                            continue
-                        if kind == "DELETED":
-                            self.cache.pop(node.name, None)
-                            self.state.forget_labels(node.name)
-                        else:
-                            self._seen(node)
-            except GoneError:
-                continue  # relist
-            except KubeError as err:
-                self.stats.errors += 1
-                log.warning("watching nodes failed (%s); retrying in %.1fs", err, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-
-    async def _relist(self) -> str:
-        nodes, version = await self.kube.list_nodes()
-        gone = set(self.cache) - {n.name for n in nodes}
-        for name in gone:
-            self.cache.pop(name, None)
-            self.state.forget_labels(name)
-        for node in nodes:
-            self._seen(node, force=True)
-        return version
-
     def _seen(self, node: NodeObject, *, force: bool = False) -> None:
         old = self.cache.get(node.name)
         self.cache[node.name] = node
-        self.state.set_labels(
-            node.name, node.labels, owned=owned_keys(node.annotations, self.scheme)
-        )
         if force or old is None or (old.labels, old.annotations) != (node.labels, node.annotations):
             self.mark(node.name)
 

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from aggregator.changes import ChangeEvent, ChangeKind
 from aggregator.exports import (
     KAI_TOPOLOGY,
     KUEUE_TOPOLOGY,
@@ -27,9 +28,9 @@ from aggregator.exports import (
     kueue_topologies,
     volcano_hypernodes,
 )
-from aggregator.kube import KubeClient, KubeError, NotFoundError
 from aggregator.labels import LabelScheme
 from aggregator.state import ClusterState
+from gputopo.runtime.kube import KubeClient, KubeError, NotFoundError
 
 __all__ = ["KINDS", "SchedulerObjectWriter", "placed_nodes"]
 
@@ -96,10 +97,10 @@ class SchedulerObjectWriter:
         finally:
             unsubscribe()
 
-    def _heard(self, kind: str, node: str) -> None:
+    def _heard(self, event: ChangeEvent) -> None:
         """Wake for changes that can move a fabric position, the objects' only input:
         reservations and staleness cannot (stale nodes keep their place)."""
-        if kind not in ("allocation", "stale"):
+        if event.kind not in (ChangeKind.ALLOCATION, ChangeKind.STALE):
             self._changed.set()
 
     async def sync(self) -> None:

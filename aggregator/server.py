@@ -2,12 +2,14 @@
 
 `Aggregator.start()` binds the gRPC server (port 0 picks a free port; the bound port is
 reported), the HTTP endpoints (`aggregator.http`) and the housekeeping task (expire
-reservations, announce stale nodes, re-infer probe tiers). With a Kubernetes client it also
-runs the writers — the label publisher and, opt-in, the scheduler objects — either at once or,
-with leader election, only while this replica holds the Lease (`aggregator.leader`). The leader
-also labels its own Pod `gputopo.io/role=leader` (when it knows its Pod), so a Service selecting
-that label routes exporters and placement clients to the leader; a new leader then rebuilds its
-state from the streams that reconnect to it and from the Node objects.
+reservations, announce stale nodes, re-infer probe tiers). With a Kubernetes client every
+replica watches the Node objects (`aggregator.nodewatch`: labels for node selectors, deleted
+Nodes leave the state), and it runs the writers (the label publisher and, opt-in, the
+scheduler objects) either at once or, with leader election, only while this replica holds the
+Lease (`gputopo.runtime.leader`). The leader also labels its own Pod `gputopo.io/role=leader`
+(when it knows its Pod), so a Service selecting that label routes exporters and placement
+clients to the leader; a new leader then rebuilds its state from the streams that reconnect to
+it and from the Node objects.
 
 `stop()` shuts down gracefully: the lease is released (a successor takes over at once), the
 writers stop, in-flight calls get a grace period. `stop(release_lease=False)` is what a crash
@@ -27,20 +29,24 @@ from typing import TextIO
 import grpc
 from prometheus_client import CollectorRegistry
 
+from aggregator.changes import ChangeEvent, ChangeKind
 from aggregator.fabric import FabricSources
 from aggregator.http import HttpEndpoints
 from aggregator.http_placement import add_placement_routes
 from aggregator.ingest import ReporterService
-from aggregator.kube import KubeClient, KubeError
 from aggregator.labels import desired_labels
-from aggregator.leader import LeaderElector, LeaseConfig
 from aggregator.metrics import AggregatorCollector, Sources
+from aggregator.nodewatch import NodeWatcher
 from aggregator.probes import ProbeCoordinator
 from aggregator.publisher import LabelPublisher, PublisherConfig, node_facts
 from aggregator.schedwriter import SchedulerObjectWriter
 from aggregator.service import PlacementService
-from aggregator.state import ClusterState, Reservation
+from aggregator.state import ClusterState
 from gputopo.inventory import Inventory, inventory_topologies, load_inventory
+from gputopo.reservations import Reservation
+from gputopo.runtime import grpcio
+from gputopo.runtime.kube import KubeClient, KubeError
+from gputopo.runtime.leader import LeaderElector, LeaseConfig
 from gputopo.v1 import placement_pb2_grpc as pgrpc
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
@@ -123,9 +129,15 @@ class Aggregator:
         )
         self.kube = kube
         opts = config.kube
+        # Node objects are read on every replica, leader or not, labels published or not.
+        self.nodes = (
+            NodeWatcher(self.state, kube, scheme=opts.publisher.scheme)
+            if kube is not None
+            else None
+        )
         self.publisher = (
-            LabelPublisher(self.state, kube, opts.publisher, out=out)
-            if kube is not None and opts.publish_labels
+            LabelPublisher(self.state, kube, self.nodes, opts.publisher, out=out)
+            if kube is not None and self.nodes is not None and opts.publish_labels
             else None
         )
         self.scheduler_objects = (
@@ -188,11 +200,11 @@ class Aggregator:
             for node, gpus in used.items()
         )
 
-    def _forget_silent_prober(self, kind: str, node: str) -> None:
+    def _forget_silent_prober(self, event: ChangeEvent) -> None:
         """A node that went stale (or was removed) answers no probes: peers are no longer sent
         to it, until its next report names its probe address again."""
-        if kind in ("stale", "removed"):
-            self.probes.forget(node)
+        if event.kind in (ChangeKind.STALE, ChangeKind.REMOVED):
+            self.probes.forget(event.node)
 
     @property
     def grpc_target(self) -> str:
@@ -210,29 +222,17 @@ class Aggregator:
 
     async def start(self) -> None:
         """Bind and serve; returns once the servers accept connections."""
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-                # Thousands of exporters reconnect at once after a restart or a failover; Core
-                # cancels calls beyond its pending-request limit (1,000 by default) before the
-                # event loop can take them, so let them queue.
-                ("grpc.server.max_pending_requests", 50_000),
-                ("grpc.server.max_pending_requests_hard_limit", 100_000),
-            ]
-        )
+        server = grpcio.server()
         rgrpc.add_ReporterServicer_to_server(self.reporter, server)
         pgrpc.add_PlacementServicer_to_server(self.placement, server)
-        address = f"{self.config.grpc_host}:{self.config.grpc_port}"
-        self.grpc_port = server.add_insecure_port(address)
-        if self.grpc_port == 0:
-            raise OSError(f"cannot bind gRPC to {address}")
+        self.grpc_port = grpcio.bind(server, self.config.grpc_host, self.config.grpc_port)
         await server.start()
         self._grpc = server
         if self.config.http_port is not None:
             self.http_port = await self.http.start(self.config.http_host, self.config.http_port)
         self._tasks.append(asyncio.create_task(self._housekeep(), name="housekeeping"))
+        if self.nodes is not None:
+            self._tasks.append(asyncio.create_task(self.nodes.run(), name="node-watch"))
         if self.elector is not None:
             await self._unmark_pod()
             self._tasks.append(asyncio.create_task(self.elector.run(), name="leader-election"))

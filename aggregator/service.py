@@ -19,17 +19,20 @@ from typing import TypeVar
 
 import grpc
 
-from aggregator.state import ClusterState, Reservation, ReservationError
+from aggregator.changes import ChangeEvent, ChangeKind
+from aggregator.state import ClusterState
 from gputopo.cluster import ClusterSnapshot
 from gputopo.codec import (
     CodecError,
+    cluster_to_proto,
     node_state_to_proto,
     request_from_proto,
     result_to_proto,
     timestamp,
 )
 from gputopo.placement import PlacementResult, UnknownPolicyError, place
-from gputopo.request import RequestError, Scope
+from gputopo.request import RequestError
+from gputopo.reservations import Reservation, ReservationError
 from gputopo.v1 import placement_pb2 as ppb
 from gputopo.v1 import placement_pb2_grpc as pgrpc
 from gputopo.v1 import topology_pb2 as tpb
@@ -38,7 +41,7 @@ __all__ = [
     "DEFAULT_RESERVATION_TTL_S",
     "PlacementError",
     "PlacementService",
-    "topology_to_proto",
+    "cluster_message",
 ]
 
 log = logging.getLogger(__name__)
@@ -48,7 +51,7 @@ DEFAULT_RESERVATION_TTL_S = 60.0
 _WATCH_QUEUE = 1024
 
 
-def topology_to_proto(
+def cluster_message(
     snapshot: ClusterSnapshot,
     state: ClusterState,
     *,
@@ -56,54 +59,28 @@ def topology_to_proto(
     include_links: bool = True,
     as_of: float | None = None,
 ) -> tpb.ClusterTopology:
-    """The cluster as a ClusterTopology message."""
+    """The cluster as a ClusterTopology message (`gputopo.codec.cluster`), with what only the
+    state knows: node generations, last reports, and which held GPUs are still pending."""
     held = state.held_gpus()
     pending: dict[str, set[int]] = {}
     for r in state.reservations():
         if not r.committed:
             for held_on, gpus in r.gpus.items():
                 pending.setdefault(held_on, set()).update(gpus)
-    wanted = set(nodes) if nodes else None
-    msg = tpb.ClusterTopology(generation=snapshot.generation)
-    for name, node in snapshot.nodes.items():
-        if wanted is not None and name not in wanted:
-            continue
+    reserved = {n: gpus & held.get(n, frozenset()) for n, gpus in pending.items()}
+
+    def facts(name: str) -> tuple[int, float | None]:
         rec = state.record(name)
-        msg.nodes.append(
-            node_state_to_proto(
-                node,
-                generation=rec.generation if rec else 0,
-                last_report=rec.last_report if rec else None,
-                reserved=sorted(pending.get(name, set()) & held.get(name, frozenset())),
-                include_links=include_links,
-            )
-        )
-    for scope, level in (
-        (Scope.NVLINK, "accelerator"),
-        (Scope.LEAF, "tier-0"),
-        (Scope.SPINE, "tier-1"),
-        (Scope.CORE, "tier-2"),
-        (Scope.ZONE, "zone"),
-    ):
-        for domain, members in snapshot.domains(scope).items():
-            msg.domains.append(
-                tpb.Domain(
-                    id=domain,
-                    level=level,
-                    nodes=list(members),
-                    parent=_parent(snapshot, members[0], scope),
-                    total_gpus=sum(snapshot.node(n).topology.gpu_count for n in members),
-                    free_gpus=snapshot.free_in(members),
-                )
-            )
-    if as_of is not None:
-        msg.as_of.CopyFrom(timestamp(as_of))
-    return msg
+        return (rec.generation, rec.last_report) if rec else (0, None)
 
-
-def _parent(snapshot: ClusterSnapshot, node: str, scope: Scope) -> str:
-    wider = {Scope.LEAF: Scope.SPINE, Scope.SPINE: Scope.CORE}.get(scope)
-    return (snapshot.domain_of(node, wider) or "") if wider else ""
+    return cluster_to_proto(
+        snapshot,
+        facts=facts,
+        reserved=reserved,
+        nodes=nodes,
+        include_links=include_links,
+        as_of=as_of,
+    )
 
 
 def _reservation_to_proto(r: Reservation) -> ppb.Reservation:
@@ -277,7 +254,7 @@ class PlacementService(pgrpc.PlacementServicer):
         unknown = sorted(set(request.nodes) - set(snapshot.nodes))
         if unknown:
             raise PlacementError(grpc.StatusCode.NOT_FOUND, f"nodes: unknown node {unknown[0]!r}")
-        return topology_to_proto(
+        return cluster_message(
             snapshot,
             self._state,
             nodes=list(request.nodes) or None,
@@ -333,12 +310,12 @@ class PlacementService(pgrpc.PlacementServicer):
         context: grpc.aio.ServicerContext[ppb.WatchTopologyRequest, ppb.TopologyEvent],
     ) -> AsyncIterator[ppb.TopologyEvent]:
         """Every node first (as NODE_UPDATED), then each change as it happens."""
-        queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue(maxsize=_WATCH_QUEUE)
+        queue: asyncio.Queue[ChangeEvent] = asyncio.Queue(maxsize=_WATCH_QUEUE)
         overflow = asyncio.Event()
 
-        def listener(kind: str, node: str) -> None:
+        def listener(event: ChangeEvent) -> None:
             try:
-                queue.put_nowait((kind, node))
+                queue.put_nowait(event)
             except asyncio.QueueFull:
                 overflow.set()
 
@@ -353,8 +330,8 @@ class PlacementService(pgrpc.PlacementServicer):
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
                         "watcher fell behind; watch again from the start",
                     )
-                kind, node = await queue.get()
-                yield self._event(_EVENT_TYPES.get(kind, ppb.TopologyEvent.TYPE_NODE_UPDATED), node)
+                event = await queue.get()
+                yield self._event(_EVENT_TYPES[event.kind], event.node)
         finally:
             unsubscribe()
 
@@ -374,10 +351,10 @@ class PlacementService(pgrpc.PlacementServicer):
         return ev
 
 
-_EVENT_TYPES = {
-    "node": ppb.TopologyEvent.TYPE_NODE_UPDATED,
-    "labels": ppb.TopologyEvent.TYPE_NODE_UPDATED,
-    "stale": ppb.TopologyEvent.TYPE_NODE_STALE,
-    "removed": ppb.TopologyEvent.TYPE_NODE_REMOVED,
-    "allocation": ppb.TopologyEvent.TYPE_ALLOCATION_CHANGED,
+_EVENT_TYPES: dict[ChangeKind, ppb.TopologyEvent.Type.ValueType] = {
+    ChangeKind.NODE: ppb.TopologyEvent.TYPE_NODE_UPDATED,
+    ChangeKind.LABELS: ppb.TopologyEvent.TYPE_NODE_UPDATED,
+    ChangeKind.STALE: ppb.TopologyEvent.TYPE_NODE_STALE,
+    ChangeKind.REMOVED: ppb.TopologyEvent.TYPE_NODE_REMOVED,
+    ChangeKind.ALLOCATION: ppb.TopologyEvent.TYPE_ALLOCATION_CHANGED,
 }

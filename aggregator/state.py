@@ -9,8 +9,8 @@ incarnation, each message a larger sequence; anything not newer than the last ac
 is ignored, so replays and late duplicates can never undo newer facts. A node that has not
 reported for `stale_after_s` is stale: kept for display, not placeable.
 
-Reservations hold GPUs for a TTL; `commit` keeps them until `release`. Expired reservations are
-dropped before every decision, so an abandoned dry run never leaks GPUs.
+Reservations live in a `ReservationBook` (`gputopo.reservations`, behind a store protocol);
+the state delegates to it and announces the nodes whose free GPUs moved.
 
 A node's topology as placement sees it is what its exporter reported with the fabric position
 replaced by the merge of every inter-node source (`aggregator.fabric`: inventory, NVML, labels
@@ -22,23 +22,22 @@ publisher, metrics and `/api/v1`; placement keeps reading snapshots.
 from __future__ import annotations
 
 import enum
-import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from aggregator.changes import ChangeEvent, ChangeKind
 from aggregator.fabric import FabricSources, Resolution
 from aggregator.indexes import DomainIndex
 from gputopo.cluster import ClusterSnapshot, NodeState
 from gputopo.delta import NodeDelta, apply_delta
 from gputopo.placement.result import PlacementResult
+from gputopo.reservations import Reservation, ReservationBook, ReservationStore
 from gputopo.topology import NodeTopology
 
 __all__ = [
     "ClusterState",
     "NodeRecord",
     "ReportOutcome",
-    "Reservation",
-    "ReservationError",
 ]
 
 # A snapshot derived from the previous one keeps that one's clock, which ages link
@@ -74,32 +73,6 @@ class NodeRecord:
     probe_address: str = ""
 
 
-@dataclass(slots=True)
-class Reservation:
-    """GPUs held for one placement."""
-
-    id: str
-    gpus: dict[str, frozenset[int]]
-    expires_at: float | None  # None once committed
-    owner: str = ""
-    job: str = ""
-    result: PlacementResult | None = None
-
-    @property
-    def committed(self) -> bool:
-        """Committed reservations never expire."""
-        return self.expires_at is None
-
-    @property
-    def gpu_count(self) -> int:
-        """GPUs held."""
-        return sum(len(g) for g in self.gpus.values())
-
-
-class ReservationError(KeyError):
-    """An unknown or expired reservation id."""
-
-
 class ClusterState:
     """The mutable cluster (see the module docstring). `clock` returns unix seconds."""
 
@@ -109,6 +82,7 @@ class ClusterState:
         clock: Callable[[], float],
         stale_after_s: float = 30.0,
         sources: FabricSources | None = None,
+        store: ReservationStore | None = None,
     ) -> None:
         self._clock = clock
         self.stale_after_s = stale_after_s
@@ -117,34 +91,33 @@ class ClusterState:
         self._nodes: dict[str, NodeRecord] = {}
         # Kubernetes labels of every Node object seen, and which of them this aggregator owns.
         self._kube_labels: dict[str, tuple[dict[str, str], frozenset[str]]] = {}
-        self._reservations: dict[str, Reservation] = {}
-        self._held: dict[str, set[int]] = {}
+        self.book = ReservationBook(clock=clock, store=store, on_change=self._allocations_moved)
         self.generation = 0
         self._snapshot: ClusterSnapshot | None = None
         self._snapshot_key: tuple[int, frozenset[str]] | None = None
         # Nodes changed since the last snapshot, with the kinds of change: when only
         # allocations moved, the next snapshot derives from the last one in O(changes).
-        self._dirty: dict[str, set[str]] = {}
-        self._listeners: list[Callable[[str, str], None]] = []
+        self._dirty: dict[str, set[ChangeKind]] = {}
+        self._listeners: list[Callable[[ChangeEvent], None]] = []
         self._known_stale: frozenset[str] = frozenset()
+        # Nodes whose Node object was deleted -> the exporter incarnation to ignore.
+        self._deleted: dict[str, int] = {}
 
     # --- observers ------------------------------------------------------------------------
 
-    def subscribe(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
-        """Call `listener(kind, node)` on every change; returns an unsubscribe function.
-
-        Kinds: `node` (reported topology, merged fabric, or back from stale), `labels`,
-        `removed`, `stale`, `allocation` (reservations: only free GPUs moved).
-        """
+    def subscribe(self, listener: Callable[[ChangeEvent], None]) -> Callable[[], None]:
+        """Call `listener(event)` on every change (`ChangeKind` says which); returns an
+        unsubscribe function."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
-    def _changed(self, kind: str, node: str) -> None:
+    def _changed(self, kind: ChangeKind, node: str) -> None:
         self.generation += 1
         self._dirty.setdefault(node, set()).add(kind)
         self._reindex(node)
+        event = ChangeEvent(kind, node, self.generation)
         for listener in list(self._listeners):
-            listener(kind, node)
+            listener(event)
 
     def _reindex(self, node: str) -> None:
         rec = self._nodes.get(node)
@@ -175,7 +148,7 @@ class ClusterState:
         for name in sorted(self._nodes if nodes is None else set(nodes) & set(self._nodes)):
             if self._remerge(name, self._nodes[name]):
                 changed.append(name)
-                self._changed("node", name)
+                self._changed(ChangeKind.NODE, name)
         return changed
 
     def _remerge(self, name: str, rec: NodeRecord) -> bool:
@@ -201,6 +174,8 @@ class ClusterState:
         now = self._clock()
         if rec is not None and (incarnation, sequence) <= (rec.incarnation, rec.sequence):
             return ReportOutcome.IGNORED
+        if incarnation <= self._deleted.get(name, -1):
+            return ReportOutcome.IGNORED  # its Node object was deleted (`node_deleted`)
         effective, resolution = self._effective(name, topology)
         if rec is None:
             self._nodes[name] = NodeRecord(
@@ -226,7 +201,7 @@ class ClusterState:
             if not changed and not was_stale:
                 return ReportOutcome.ACCEPTED
             rec.generation += 1
-        self._changed("node", name)
+        self._changed(ChangeKind.NODE, name)
         return ReportOutcome.ACCEPTED
 
     def _next_in_stream(
@@ -257,7 +232,7 @@ class ClusterState:
         if topo != rec.topology or was_stale:
             rec.topology = topo
             rec.generation += 1
-            self._changed("node", node)
+            self._changed(ChangeKind.NODE, node)
         return ReportOutcome.ACCEPTED
 
     def heartbeat(self, node: str, *, incarnation: int, sequence: int) -> ReportOutcome:
@@ -269,7 +244,7 @@ class ClusterState:
         was_stale = self._is_stale(rec, now)
         rec.sequence, rec.last_report = sequence, now
         if was_stale:
-            self._changed("node", node)
+            self._changed(ChangeKind.NODE, node)
         return ReportOutcome.ACCEPTED
 
     def set_labels(
@@ -280,6 +255,7 @@ class ClusterState:
         All labels serve node selectors; those not owned are also a fabric source.
         """
         entry = (dict(labels), owned)
+        self._deleted.pop(node, None)  # a Node object by that name exists (again)
         if self._kube_labels.get(node) == entry:
             return
         self._kube_labels[node] = entry
@@ -288,7 +264,7 @@ class ClusterState:
             return
         rec.labels = dict(labels)
         self._remerge(node, rec)
-        self._changed("labels", node)
+        self._changed(ChangeKind.LABELS, node)
 
     def forget_labels(self, node: str) -> None:
         """The Node object is gone: its labels no longer say anything."""
@@ -313,14 +289,28 @@ class ClusterState:
             reported=topology,
             resolution=resolution,
         )
-        self._changed("node", topology.name)
+        self._changed(ChangeKind.NODE, topology.name)
 
     def remove_node(self, node: str) -> bool:
         """Forget a node (deleted from the cluster)."""
         if self._nodes.pop(node, None) is None:
             return False
-        self._changed("removed", node)
+        self._changed(ChangeKind.REMOVED, node)
         return True
+
+    def node_deleted(self, node: str) -> None:
+        """The node's Kubernetes Node object was deleted: forget its labels and the node.
+
+        Its exporter may not know yet (or never will, if the machine is gone but the process
+        is not): reports of the incarnation it had are ignored from now on, so the node does
+        not come back with the next heartbeat. A new incarnation (the exporter restarted) or a
+        new Node object with that name lets it in again.
+        """
+        self.forget_labels(node)
+        rec = self._nodes.get(node)
+        if rec is not None and rec.source == "exporter":
+            self._deleted[node] = rec.incarnation
+        self.remove_node(node)
 
     def set_probe_address(self, node: str, address: str) -> None:
         """Where a node answers network probes (from its reports)."""
@@ -360,7 +350,7 @@ class ClusterState:
         flipped = sorted(stale ^ self._known_stale)
         self._known_stale = stale
         for node in flipped:
-            self._changed("stale" if node in stale else "node", node)
+            self._changed(ChangeKind.STALE if node in stale else ChangeKind.NODE, node)
         return flipped
 
     # --- snapshots ------------------------------------------------------------------------
@@ -391,7 +381,7 @@ class ClusterState:
         return (
             self._snapshot_key is not None
             and self._snapshot_key[1] == stale
-            and all(kinds == {"allocation"} for kinds in self._dirty.values())
+            and all(kinds == {ChangeKind.ALLOCATION} for kinds in self._dirty.values())
             and (previous.now is None or self._clock() - previous.now < _SNAPSHOT_CLOCK_REUSE_S)
         )
 
@@ -414,107 +404,47 @@ class ClusterState:
             states, generation=self.generation, previous=previous, now=self._clock()
         )
 
-    # --- reservations ---------------------------------------------------------------------
+    # --- reservations (the book's; the state announces what they move) --------------------
+
+    def _allocations_moved(self, nodes: Iterable[str]) -> None:
+        for node in nodes:
+            self._changed(ChangeKind.ALLOCATION, node)
 
     def free_gpus(self, node: str) -> frozenset[int]:
-        """GPUs of a node that no live reservation holds (empty for an unknown node).
-
-        Reservations may still hold GPUs a node no longer reports (it came back with fewer):
-        those are held, but never counted against the GPUs it has.
-        """
+        """GPUs of a node that no live reservation holds (empty for an unknown node)."""
         rec = self._nodes.get(node)
         if rec is None:
             return frozenset()
-        return frozenset(range(rec.topology.gpu_count)).difference(self._held.get(node, ()))
+        return self.book.free(node, rec.topology.gpu_count)
 
     def held_gpus(self) -> dict[str, frozenset[int]]:
         """GPUs held by live reservations and commitments, per node."""
-        return {n: frozenset(g) for n, g in self._held.items() if g}
-
-    def _hold(self, res: Reservation) -> None:
-        for node, gpus in res.gpus.items():
-            self._held.setdefault(node, set()).update(gpus)
-
-    def _unhold(self, res: Reservation) -> None:
-        for node, gpus in res.gpus.items():
-            held = self._held.get(node)
-            if held is not None:
-                held.difference_update(gpus)
-                if not held:
-                    del self._held[node]
+        return self.book.held_gpus()
 
     def reserve(self, result: PlacementResult, *, ttl_s: float, job: str = "") -> Reservation:
-        """Hold the GPUs of a placement for `ttl_s` seconds.
-
-        Raises ValueError if any GPU is already held: callers place on a fresh snapshot in the
-        same loop turn, so this only fires on a programming error, never silently.
-        """
-        self.expire()
-        held = self.held_gpus()
-        allocation = result.allocation()
-        for node, gpus in allocation.items():
-            clash = gpus & held.get(node, frozenset())
-            if clash:
-                raise ValueError(f"GPUs {sorted(clash)} of {node} are already held")
-        rid = secrets.token_hex(8)
-        res = Reservation(rid, dict(allocation), self._clock() + ttl_s, job=job, result=result)
-        self._reservations[rid] = res
-        self._hold(res)
-        for node in allocation:
-            self._changed("allocation", node)
-        return res
+        """Hold the GPUs of a placement (`ReservationBook.reserve`)."""
+        return self.book.reserve(result, ttl_s=ttl_s, job=job)
 
     def commit(self, rid: str, *, owner: str = "") -> Reservation:
         """Keep a reservation until released."""
-        self.expire()
-        res = self._reservations.get(rid)
-        if res is None:
-            raise ReservationError(rid)
-        res.expires_at = None
-        res.owner = owner or res.owner
-        return res
+        return self.book.commit(rid, owner=owner)
 
     def release(self, rid: str) -> Reservation:
         """Free a reservation's GPUs."""
-        res = self._reservations.pop(rid, None)
-        if res is None:
-            raise ReservationError(rid)
-        self._unhold(res)
-        for node in res.gpus:
-            self._changed("allocation", node)
-        return res
+        return self.book.release(rid)
 
     def reservation(self, rid: str) -> Reservation | None:
         """A live reservation by id."""
-        self.expire()
-        return self._reservations.get(rid)
+        return self.book.reservation(rid)
 
     def reservations(self) -> list[Reservation]:
         """Live reservations."""
-        self.expire()
-        return list(self._reservations.values())
+        return self.book.reservations()
 
     def expire(self) -> int:
         """Drop reservations past their expiry; returns how many."""
-        now = self._clock()
-        gone = [
-            r
-            for r in self._reservations.values()
-            if r.expires_at is not None and r.expires_at <= now
-        ]
-        for r in gone:
-            del self._reservations[r.id]
-            self._unhold(r)
-            for node in r.gpus:
-                self._changed("allocation", node)
-        return len(gone)
+        return self.book.expire()
 
     def restore(self, reservations: Iterable[Reservation]) -> None:
         """Re-install reservations recovered after a restart (committed ones, typically)."""
-        for r in reservations:
-            if r.id in self._reservations:
-                self._unhold(self._reservations[r.id])
-            self._reservations[r.id] = r
-            self._hold(r)
-            for node in r.gpus:
-                self._changed("allocation", node)
+        self.book.restore(reservations)

@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from exporter.discovery import Discovery, DiscoveryResult
 from exporter.health import HealthPolicy
@@ -49,9 +48,11 @@ from exporter.probes.runner import (
     WorkerGpuProbe,
 )
 from exporter.probes.tcp import TcpProbeServer
-from exporter.stream import Backoff, ProbeTarget, ReportStream, report_channel
+from exporter.stream import ProbeTarget, ReportStream, report_channel
 from exporter.sysfs import Sysfs
 from gputopo import __version__
+from gputopo.runtime.backoff import Backoff
+from gputopo.runtime.http import HttpServer, ProbeResult
 from gputopo.topology import NodeTopology, NvmlStatus
 
 __all__ = ["Agent", "AgentConfig"]
@@ -132,7 +133,7 @@ class Agent:
         self._clock = clock
         self._state = _State()
         self._probe_server = TcpProbeServer(host=config.probe_host, port=config.probe_port)
-        self._http: web.AppRunner | None = None
+        self._http: HttpServer | None = None
         self._channel: grpc.aio.Channel | None = None
         self.stream: ReportStream | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -222,7 +223,7 @@ class Agent:
             self._channel = None
         await self._probe_server.stop()
         if self._http is not None:
-            await self._http.cleanup()
+            await self._http.stop()
             self._http = None
         await asyncio.to_thread(self.nvml.close)
 
@@ -306,23 +307,8 @@ class Agent:
     # --- HTTP -------------------------------------------------------------------------------
 
     async def _start_http(self) -> None:
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        # Bind the socket ourselves so port 0 works and the bound port is known.
-        sock = socket.create_server(
-            (self.config.http_host, self.config.http_port), reuse_port=False
-        )
-        await web.SockSite(runner, sock).start()
-        self._http = runner
-        self.http_port = sock.getsockname()[1]
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        self._http = HttpServer(registry=self.registry, healthz=self._healthz, readyz=self._readyz)
+        self.http_port = await self._http.start(self.config.http_host, self.config.http_port)
 
     def _stalled_s(self) -> float:
         """How long the discovery loop is overdue (0 while it keeps up)."""
@@ -331,7 +317,7 @@ class Agent:
         allowed = 3 * self.config.discovery_interval_s + 60
         return max(0.0, self._clock() - self._state.last_pass - allowed)
 
-    async def _healthz(self, request: web.Request) -> web.Response:
+    def _healthz(self) -> ProbeResult:
         stalled = self._stalled_s()
         nvml = self.topology.nvml
         body = {
@@ -340,8 +326,8 @@ class Agent:
             "nvml_reason": nvml.reason,
             "discovery_runs": self._state.runs,
         }
-        return web.json_response(body, status=200 if not stalled else 503)
+        return ProbeResult(not stalled, body)
 
-    async def _readyz(self, request: web.Request) -> web.Response:
+    def _readyz(self) -> ProbeResult:
         ready = self._discovered.is_set()
-        return web.json_response({"ready": ready}, status=200 if ready else 503)
+        return ProbeResult(ready, {"ready": ready})

@@ -2,7 +2,8 @@
 
 Dashboards, alerts and tests use only names defined here (the metrics collector builds every
 family from these specs, so a name cannot drift between code and dashboard). Names follow
-Prometheus conventions: the `gputopo_` prefix, base units (bytes per second, seconds), `_total`
+Prometheus conventions (the shape is `gputopo.runtime.metrics.MetricSpec`, the same for
+every process): the `gputopo_` prefix, base units (bytes per second, seconds), `_total`
 for counters; bandwidth here is bytes/s per direction, where the rest of gputopo says GB/s.
 
 Labels: `gpu` is the NVML index, `uuid` the GPU UUID; a link's ends `a` and `b` are device
@@ -12,29 +13,18 @@ nvidia-smi's cell (NV18, PXB); `state` is `ok`, `degraded` or `down`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from gputopo.runtime.metrics import MetricSpec, counter, gauge
 
 __all__ = ["ALL", "MetricSpec"]
 
 
-@dataclass(frozen=True, slots=True)
-class MetricSpec:
-    """One metric family."""
-
-    name: str
-    type: Literal["gauge", "counter"]
-    help: str
-    labels: tuple[str, ...] = ()
-
-
 def _gauge(name: str, help_text: str, *labels: str) -> MetricSpec:
-    return MetricSpec(f"gputopo_{name}", "gauge", help_text, labels)
+    return gauge(name, help_text, *labels)
 
 
 def _counter(name: str, help_text: str, *labels: str) -> MetricSpec:
     # prometheus_client adds `_total` to counter samples; the family name goes without it.
-    return MetricSpec(f"gputopo_{name}", "counter", help_text, labels)
+    return counter(name, help_text, *labels)
 
 
 EXPORTER_INFO = _gauge(

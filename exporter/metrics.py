@@ -20,6 +20,8 @@ from exporter.discovery import DiscoveryResult
 from exporter.probes.results import ProbeResults
 from exporter.stream import StreamStats
 from gputopo.links import LinkHealth
+from gputopo.runtime.metrics import MetricSpec
+from gputopo.runtime.metrics import family as _family
 from gputopo.topology import NodeTopology
 
 __all__ = ["ExporterCollector", "ExporterView", "register"]
@@ -41,19 +43,13 @@ class ExporterView:
     stream: StreamStats | None = None
 
 
-def _family(spec: names.MetricSpec) -> GaugeMetricFamily | CounterMetricFamily:
-    if spec.type == "counter":
-        return CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
-    return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
-
-
 class _Families:
     """Families by spec, created on first use, yielded in spec order."""
 
     def __init__(self) -> None:
         self._found: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
 
-    def add(self, spec: names.MetricSpec, value: float, *labels: str) -> None:
+    def add(self, spec: MetricSpec, value: float, *labels: str) -> None:
         family = self._found.get(spec.name)
         if family is None:
             family = self._found[spec.name] = _family(spec)

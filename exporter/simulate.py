@@ -13,7 +13,8 @@ from collections.abc import Iterable
 
 import grpc
 
-from exporter.stream import Backoff, ReportStream, report_channel
+from exporter.stream import ReportStream, report_channel
+from gputopo.runtime.backoff import Backoff
 from gputopo.topology import NodeTopology
 
 __all__ = ["SimulatedExporters"]

@@ -29,47 +29,23 @@ import grpc
 from gputopo import __version__
 from gputopo.codec import delta_to_proto, peer_probe_to_proto, timestamp, topology_to_proto
 from gputopo.delta import NodeDelta, diff_topology
+from gputopo.runtime import grpcio
+from gputopo.runtime.backoff import Backoff
 from gputopo.topology import Measurement, NodeTopology
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
-__all__ = ["Backoff", "ProbeTarget", "ReportStream", "StreamStats", "report_channel"]
+__all__ = ["ProbeTarget", "ReportStream", "StreamStats", "report_channel"]
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Jittered exponential backoff: attempt n waits uniform(0, min(cap, base * 2**n))."""
-
-    base_s: float = 0.5
-    cap_s: float = 30.0
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        """Seconds to wait before attempt `attempt` (0-based)."""
-        ceiling = min(self.cap_s, self.base_s * 2 ** min(attempt, 30))
-        return rng.uniform(ceiling / 2, ceiling)
+_DEFAULT_BACKOFF = Backoff()
 
 
 def report_channel(target: str, backoff: Backoff) -> grpc.aio.Channel:
-    """A channel to the aggregator whose own reconnects keep pace with the stream's backoff.
-
-    gRPC channels back off between connection attempts by themselves (up to 120 s by default)
-    and fail new calls at once meanwhile; after an outage of minutes the stream's retries would
-    all fail fast until the channel's timer ran out. Capping the channel's backoff at the
-    stream's keeps the stream's jittered backoff the one that decides. Keepalive pings find an
-    aggregator that vanished without closing its connections (its node died).
-    """
-    return grpc.aio.insecure_channel(
-        target,
-        options=[
-            ("grpc.initial_reconnect_backoff_ms", max(int(backoff.base_s * 1000), 100)),
-            ("grpc.min_reconnect_backoff_ms", max(int(backoff.base_s * 1000), 100)),
-            ("grpc.max_reconnect_backoff_ms", max(int(backoff.cap_s * 1000), 100)),
-            ("grpc.keepalive_time_ms", 30_000),
-            ("grpc.keepalive_timeout_ms", 10_000),
-        ],
-    )
+    """A channel to the aggregator whose own reconnects keep pace with the stream's backoff
+    (`gputopo.runtime.grpcio.channel` says why)."""
+    return grpcio.channel(target, backoff=backoff)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +86,7 @@ class ReportStream:
         source: Callable[[], NodeTopology],
         channel: grpc.aio.Channel,
         heartbeat_interval_s: float = 5.0,
-        backoff: Backoff = Backoff(),
+        backoff: Backoff = _DEFAULT_BACKOFF,
         probe_address: str = "",
         rng: random.Random | None = None,
         incarnation: int | None = None,

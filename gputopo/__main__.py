@@ -2,6 +2,6 @@
 
 import sys
 
-from gputopo.cli import main
+from gputopo.app.cli import main
 
 sys.exit(main())

@@ -42,6 +42,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import TypeVar
 
+from gputopo.domains import tier_path
 from gputopo.request import Scope
 from gputopo.shape import NodeShape, measurement_expiry, node_shape
 from gputopo.topology import DEFAULT_MEASUREMENT_MAX_AGE_S, NodeTopology
@@ -129,7 +130,7 @@ def _domain_ids(state: NodeState) -> Mapping[Scope, str]:
     ids[Scope.NVLINK] = _nvlink_domain(state.topology)
     for scope, tier in _TIER_OF_SCOPE.items():
         if len(fabric.tiers) > tier:
-            ids[scope] = "/".join(reversed(fabric.tiers[tier:]))
+            ids[scope] = tier_path(fabric.tiers, tier)
     zone = fabric.zone or state.labels.get("topology.kubernetes.io/zone", "")
     if zone:
         ids[Scope.ZONE] = zone

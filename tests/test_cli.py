@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
-from gputopo.cli import main
+from gputopo.app.cli import main
 from gputopo.codec import topology_from_proto
 from gputopo.machines import PROFILES, load_profile
 from gputopo.v1 import topology_pb2 as tpb

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gputopo.demo import DEMO_REQUESTS, demo_nodes, run_demo
+from gputopo.app.demo import DEMO_REQUESTS, demo_nodes, run_demo
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from gputopo.links import LinkKind
 from gputopo.placement.constraints import violations
 from gputopo.placement.fill import FillFailure, Strategy, fill
 from gputopo.placement.predict import predict
-from gputopo.placement.result import PlacementResult, Rejection
+from gputopo.placement.result import PlacementResult, Rejection, RejectionCode
 from gputopo.request import PlacementRequest, Scope
 from gputopo.topology import NodeTopology
 
@@ -138,7 +138,7 @@ class _CountOnlyPolicy:
                 continue
             broken = violations(snapshot, request, pods)
             if broken:
-                rejections.append(Rejection(domain, "unsupported", broken[0]))
+                rejections.append(Rejection(domain, RejectionCode.UNSUPPORTED, broken[0]))
                 continue
             return PlacementResult(True, self.name, tuple(pods), predict(snapshot, request, pods))
         label = scope.name.lower() if scope else "cluster"

@@ -28,6 +28,7 @@ from gputopo.placement.intranode import NodeChoice, choose, figures_of
 from gputopo.placement.links import holds, span_of
 from gputopo.placement.objective import WIDTH, damage, key, width
 from gputopo.placement.predict import NodePart, collective_seconds, edge_gbps, parts_of
+from gputopo.placement.result import RejectionCode
 from gputopo.placement.search import (
     EXACT_PER_SCOPE,
     Plan,
@@ -170,7 +171,9 @@ def _one_node(
 ) -> Plan | None:
     spread = [s.group.name for s in slots if s.group.spread is not None and s.group.spread.required]
     if len(spread) != len(set(spread)):
-        tried.add(Scope.NODE, "*", "spread", "replicas of one group must not share a node")
+        tried.add(
+            Scope.NODE, "*", RejectionCode.SPREAD, "replicas of one group must not share a node"
+        )
         return None
     sigs = tuple(_signature(s) for s in slots)
     need = sum(s.need for s in slots)
@@ -190,12 +193,14 @@ def _one_node(
             tried.add(
                 Scope.NODE,
                 "*",
-                "bandwidth",
+                RejectionCode.BANDWIDTH,
                 "no node with {} free GPUs meets the bundle's edges",
                 need,
             )
         else:
-            tried.add(Scope.NODE, "*", "insufficient_gpus", "no node has {} free GPUs", need)
+            tried.add(
+                Scope.NODE, "*", RejectionCode.INSUFFICIENT_GPUS, "no node has {} free GPUs", need
+            )
         return None
     if tried.alternatives:
         slower_node_plans(view, slots, found, preferred, tried)
@@ -254,9 +259,16 @@ def _in_domain(
             break
         order = again
     if why == "bandwidth":
-        tried.add(scope, domain, "bandwidth", "no placement of the bundle here meets its edges")
+        tried.add(
+            scope,
+            domain,
+            RejectionCode.BANDWIDTH,
+            "no placement of the bundle here meets its edges",
+        )
     else:
-        tried.add(scope, domain, "fragmented", "the bundle's replicas do not fit side by side")
+        tried.add(
+            scope, domain, RejectionCode.FRAGMENTED, "the bundle's replicas do not fit side by side"
+        )
     return None
 
 
@@ -291,7 +303,7 @@ def _checked(
             tried.add(
                 scope,
                 domain,
-                "bandwidth",
+                RejectionCode.BANDWIDTH,
                 "edge {}->{} gets {:.0f} GB/s, needs {:.0f}",
                 slots[e.source].label,
                 slots[e.target].label,
@@ -483,7 +495,9 @@ def search_bundle(
                 continue
             free = loose.free(scope, d)
             if free < need:
-                tried.add(scope, d, "insufficient_gpus", "{} free GPUs, {} needed", free, need)
+                tried.add(
+                    scope, d, RejectionCode.INSUFFICIENT_GPUS, "{} free GPUs, {} needed", free, need
+                )
             else:
                 roomy.append((free, d))
         roomy.sort()

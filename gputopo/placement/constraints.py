@@ -12,7 +12,13 @@ from collections.abc import Sequence
 
 from gputopo.cluster import ClusterSnapshot
 from gputopo.placement.links import holds, span_of
-from gputopo.placement.result import PlacementResult, PodPlacement, Prediction, Rejection
+from gputopo.placement.result import (
+    PlacementResult,
+    PodPlacement,
+    Prediction,
+    Rejection,
+    RejectionCode,
+)
 from gputopo.request import PlacementRequest, Scope
 
 __all__ = ["refusal", "violations"]
@@ -114,7 +120,7 @@ def refusal(
     *,
     policy: str,
     why: str,
-    code: str,
+    code: RejectionCode,
     prediction: Prediction | None = None,
 ) -> PlacementResult | None:
     """A "not placed" answer naming the broken rules when `pods` break any (None when they do

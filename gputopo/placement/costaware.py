@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from gputopo import cost
 from gputopo.cluster import ClusterSnapshot
+from gputopo.domains import domain_name
 from gputopo.placement.bundle import (
     BundleEdge,
     fastest_pair_gbps,
@@ -42,7 +43,13 @@ from gputopo.placement.constraints import refusal
 from gputopo.placement.fill import matches
 from gputopo.placement.objective import WIDTH, Key
 from gputopo.placement.predict import edge_pairs, predict
-from gputopo.placement.result import PlacementResult, PodPlacement, Prediction, Rejection
+from gputopo.placement.result import (
+    PlacementResult,
+    PodPlacement,
+    Prediction,
+    Rejection,
+    RejectionCode,
+)
 from gputopo.placement.search import Plan, Slot, Tried, optimistic_seconds, search_slot
 from gputopo.placement.view import View
 from gputopo.request import Group, Pairing, PlacementRequest, Scope
@@ -217,7 +224,9 @@ class _Decision:
         for scope, domain in enclosing[:MAX_ENCLOSING]:
             outcome = self.place_all(within=(scope, domain))
             if isinstance(outcome, PlacementResult):
-                failures.append(Rejection(f"{scope.name.lower()}/{domain}", "unit", outcome.reason))
+                failures.append(
+                    Rejection(domain_name(scope, domain), RejectionCode.UNIT, outcome.reason)
+                )
                 continue
             found.extend(outcome)
         if found:
@@ -409,7 +418,9 @@ class _Decision:
             reason = f"no domain has {need} free GPUs for {names}"
         kept = tuple(rejections[:MAX_REJECTIONS])
         if len(rejections) > MAX_REJECTIONS:
-            kept += (Rejection("...", "more", f"{len(rejections) - MAX_REJECTIONS} more"),)
+            kept += (
+                Rejection("...", RejectionCode.MORE, f"{len(rejections) - MAX_REJECTIONS} more"),
+            )
         return PlacementResult(False, CostAwarePolicy.name, reason=reason, rejections=kept)
 
 
@@ -499,7 +510,7 @@ class CostAwarePolicy:
             pods,
             policy=self.name,
             why="internal error: the placement found breaks a rule",
-            code="internal",
+            code=RejectionCode.INTERNAL,
             prediction=prediction,
         )
         return wrong or PlacementResult(True, self.name, tuple(pods), prediction)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gputopo.cluster import ClusterSnapshot, NodeState, nvlink_islands
-from gputopo.placement.result import PodPlacement
+from gputopo.placement.result import PodPlacement, RejectionCode
 from gputopo.request import Group, PlacementRequest, Scope
 
 __all__ = ["FillFailure", "Strategy", "fill", "matches", "replica_domains"]
@@ -22,7 +22,7 @@ __all__ = ["FillFailure", "Strategy", "fill", "matches", "replica_domains"]
 class FillFailure:
     """Why the groups did not fit: a code and a sentence."""
 
-    code: str
+    code: RejectionCode
     message: str
 
 
@@ -96,7 +96,9 @@ def fill(
     for group in sorted(groups, key=lambda g: (-g.gpus_per_replica, g.name)):
         group_nodes = [n for n in eligible if matches(snapshot.node(n), group.node_selector)]
         if not group_nodes:
-            return FillFailure("selector", f"no node matches the selectors of group {group.name}")
+            return FillFailure(
+                RejectionCode.SELECTOR, f"no node matches the selectors of group {group.name}"
+            )
         used_spread: set[str] = set()
         for replica in range(group.replicas):
             pods = _place_replica(
@@ -162,12 +164,12 @@ def _place_replica(
     scope = group.scope.required.name.lower() if group.scope.required else "cluster"
     if not saw_room:
         return FillFailure(
-            "insufficient_gpus",
+            RejectionCode.INSUFFICIENT_GPUS,
             f"group {group.name} replica {replica} needs {need} GPUs in one {scope} domain; "
             "none has that many free",
         )
     return FillFailure(
-        "fragmented",
+        RejectionCode.FRAGMENTED,
         f"group {group.name} replica {replica}: enough free GPUs in a {scope} domain, but not "
         f"{group.pods} pod(s) of {group.gpus_per_pod} GPUs each on single nodes"
         + (" inside one NVLink domain" if group.scope.required is Scope.NVLINK else ""),

@@ -33,6 +33,7 @@ from gputopo.placement.plans import (
     pods_on,
 )
 from gputopo.placement.predict import collective_seconds
+from gputopo.placement.result import RejectionCode
 from gputopo.placement.view import View
 from gputopo.request import Group, Scope
 
@@ -322,14 +323,21 @@ def several_nodes(
         for domain, part in _candidates(view, scope, limit):
             free = part.free(scope, domain)
             if free < need:
-                tried.add(scope, domain, "insufficient_gpus", "{} free GPUs, {} needed", free, need)
+                tried.add(
+                    scope,
+                    domain,
+                    RejectionCode.INSUFFICIENT_GPUS,
+                    "{} free GPUs, {} needed",
+                    free,
+                    need,
+                )
                 continue
             est = _estimate(part.classes(scope, domain), group, nvlink, memo)
             if est is None:
                 tried.add(
                     scope,
                     domain,
-                    "fragmented",
+                    RejectionCode.FRAGMENTED,
                     "{} free GPUs, but not {} pods of {} GPUs on single nodes",
                     free,
                     group.pods,

@@ -37,7 +37,7 @@ from gputopo.placement.kueue_tas import (
     TasTopology,
 )
 from gputopo.placement.predict import predict
-from gputopo.placement.result import PlacementResult, PodPlacement, Rejection
+from gputopo.placement.result import PlacementResult, PodPlacement, Rejection, RejectionCode
 from gputopo.request import Group, PlacementRequest, Scope
 
 __all__ = ["KueueBestFitPolicy"]
@@ -128,7 +128,7 @@ class KueueBestFitPolicy:
                         False,
                         self.name,
                         reason=f"group {group.name} replica {replica}: {outcome.reason}",
-                        rejections=(Rejection("kueue", "kueue", outcome.reason),),
+                        rejections=(Rejection("kueue", RejectionCode.KUEUE, outcome.reason),),
                     )
                 placed = self._bind(snapshot, group, replica, outcome, free)
                 if placed is None:
@@ -147,7 +147,7 @@ class KueueBestFitPolicy:
             pods,
             policy=self.name,
             why="Kueue's assignment breaks the request",
-            code="unsupported",
+            code=RejectionCode.UNSUPPORTED,
         )
         return wrong or PlacementResult(
             True, self.name, tuple(pods), predict(snapshot, request, pods)

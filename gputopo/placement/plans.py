@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 from gputopo import cost
 from gputopo.cluster import Cell, ClusterSnapshot, NodeClass
+from gputopo.domains import domain_name
 from gputopo.placement.intranode import NodeChoice
 from gputopo.placement.objective import WIDTH, Damage, Key, key
-from gputopo.placement.result import PodPlacement, Rejection
+from gputopo.placement.result import PodPlacement, Rejection, RejectionCode
 from gputopo.placement.view import View
 from gputopo.request import Group, Scope
 from gputopo.shape import NodeShape
@@ -85,7 +86,9 @@ class Tried:
     are kept as raw values and formatted only when a failure is explained.
     """
 
-    items: list[tuple[Scope, str, str, str, tuple[object, ...]]] = field(default_factory=list)
+    items: list[tuple[Scope, str, RejectionCode, str, tuple[object, ...]]] = field(
+        default_factory=list
+    )
     # Every concrete plan built on the way (the best one included), for callers that want
     # alternatives to the best; with `alternatives`, one-node searches also add the best node
     # of the next slower classes.
@@ -95,7 +98,9 @@ class Tried:
     # alternatives when a greedy pass over a request's units failed).
     explore: bool = False
 
-    def add(self, scope: Scope, domain: str, code: str, template: str, *args: object) -> None:
+    def add(
+        self, scope: Scope, domain: str, code: RejectionCode, template: str, *args: object
+    ) -> None:
         """Record one rejected domain; the message is `template.format(*args)`."""
         self.items.append((scope, domain, code, template, args))
 
@@ -115,8 +120,8 @@ class Tried:
 
 
 def label(scope: Scope, domain: str) -> str:
-    """`leaf/core/spine-1/leaf-2`, `node/h100-01`."""
-    return f"{scope.name.lower()}/{domain}"
+    """`tier-0/core/spine-1/leaf-2`, `node/h100-01`: `gputopo.domains.domain_name`."""
+    return domain_name(scope, domain)
 
 
 def missed_preferences(

@@ -7,6 +7,7 @@ caller (or a person reading `gputopo place --json`) can see which constraint fai
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ __all__ = [
     "PodPlacement",
     "Prediction",
     "Rejection",
+    "RejectionCode",
 ]
 
 
@@ -67,12 +69,33 @@ class Prediction:
     bottleneck_gbps: float
 
 
+class RejectionCode(enum.StrEnum):
+    """Why a domain was turned down, for machines (a gang binder tells waiting from
+    unschedulable by it). The values are the wire strings; placement.proto's comment on
+    `Rejection.code` lists exactly these (a test holds the two together)."""
+
+    INSUFFICIENT_GPUS = "insufficient_gpus"  # fewer free GPUs than needed
+    FRAGMENTED = "fragmented"  # enough free GPUs, not in the shape asked for
+    BANDWIDTH = "bandwidth"  # no placement here meets an edge's bandwidth
+    SCOPE = "scope"  # the required scope cannot hold it
+    SPREAD = "spread"  # replicas would share a failure domain they must not
+    SELECTOR = "selector"  # no node matches the node selectors
+    UNIT = "unit"  # one unit of a multi-unit request failed here
+    MORE = "more"  # further rejections left out of the answer
+    UNSUPPORTED = "unsupported"  # the policy cannot express the request
+    KUEUE = "kueue"  # the Kueue baseline refused (its own reason)
+    INTERNAL = "internal"  # a policy broke a rule it must keep (a bug)
+
+
 @dataclass(frozen=True, slots=True)
 class Rejection:
-    """A domain that was considered and turned down, with a machine-readable code."""
+    """A domain that was considered and turned down, with a machine-readable code.
+
+    `domain` is `gputopo.domains.domain_name` (`tier-0/core/spine-1/leaf-2`, `node/h100-3`) or
+    a word for the whole placement (`placement`, `kueue`, `...`)."""
 
     domain: str
-    code: str
+    code: RejectionCode
     message: str
 
 

@@ -34,6 +34,7 @@ from gputopo.placement.plans import (
     slower_node_plans,
 )
 from gputopo.placement.predict import collective_seconds
+from gputopo.placement.result import RejectionCode
 from gputopo.placement.view import View
 from gputopo.request import Scope
 
@@ -80,13 +81,17 @@ def _one_node(
     if not times:
         if most >= need and island:
             tried.add(
-                Scope.NODE, "*", "scope", "no node has {} free GPUs in one NVLink island", need
+                Scope.NODE,
+                "*",
+                RejectionCode.SCOPE,
+                "no node has {} free GPUs in one NVLink island",
+                need,
             )
         else:
             tried.add(
                 Scope.NODE,
                 "*",
-                "insufficient_gpus",
+                RejectionCode.INSUFFICIENT_GPUS,
                 "no node has {} free GPUs (at most {})",
                 need,
                 most,

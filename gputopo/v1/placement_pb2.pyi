@@ -537,9 +537,14 @@ class Rejection(_message.Message):
     CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     domain: _builtins.str
-    """"node/h100-3", "tier-0/leaf-2", "accelerator/nvl72-a" """
+    """"level/id" as gputopo.domains spells it, the same as Domain.level and Domain.id in
+    GetTopology: "node/h100-3", "tier-0/core/spine-1/leaf-2", "nvlink/nvl72-a"; or a word for
+    the whole answer ("placement", "kueue", "...").
+    """
     code: _builtins.str
-    """machine-readable: insufficient_gpus, stale, scope, bandwidth, selector"""
+    """Machine-readable (gputopo.placement.result.RejectionCode), one of: insufficient_gpus,
+    fragmented, bandwidth, scope, spread, selector, unit, more, unsupported, kueue, internal.
+    """
     message: _builtins.str
     def __init__(
         self,

@@ -712,7 +712,7 @@ class Domain(_message.Message):
     FREE_GPUS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     level: _builtins.str
-    """"tier-0", "tier-1", "accelerator", "sub-domain", "zone" """
+    """gputopo.domains.Level: "nvlink", "tier-0", "tier-1", ... (every tier), "zone" """
     parent: _builtins.str
     """id of the enclosing domain, "" at the top"""
     total_gpus: _builtins.int

@@ -11,10 +11,10 @@ from typing import Any, TextIO, TypeVar
 
 import yaml
 
-from aggregator.kube import KubeClient, NodeObject, ThrottledError
 from aggregator.publisher import PublisherConfig
 from aggregator.server import Aggregator, AggregatorConfig, KubeOptions
 from exporter.simulate import SimulatedExporters
+from gputopo.runtime.kube import KubeClient, NodeObject, ThrottledError
 from gputopo.topology import NodeTopology
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
@@ -43,6 +43,7 @@ async def aggregator(
     impersonate: str | None = None,
     inventory_path: str | None = None,
     out: TextIO | None = None,
+    http_port: int | None = None,
 ) -> AsyncIterator[Aggregator]:
     """An aggregator with a Kubernetes client of its own, stopped (gracefully) on exit."""
     client = KubeClient(kube.api_client(token, impersonate=impersonate))
@@ -52,6 +53,7 @@ async def aggregator(
             heartbeat_interval_s=0.2,
             housekeeping_interval_s=0.1,
             inventory_path=inventory_path,
+            http_port=http_port,
             kube=options or KubeOptions(publisher=fast_publisher()),
         ),
         kube=client,

@@ -19,8 +19,8 @@ import pytest
 from aggregator.labels import Profile
 from aggregator.server import Aggregator, AggregatorConfig
 from exporter.simulate import SimulatedExporters
-from gputopo.cli import main
-from gputopo.commands.aggregator import LABEL_PROFILES
+from gputopo.app.cli import main
+from gputopo.app.commands.aggregator import LABEL_PROFILES
 from gputopo.placement import place
 from gputopo.request import request_from_mapping
 from tests.aggregator.kubeutil import create_nodes, read_nodes, run
@@ -86,7 +86,7 @@ def test_the_command_prints_its_dry_run_patches_and_writes_nothing(
     )
     run(create_nodes(kube_apiserver, [t.name for t in topologies]))
     before = run(read_nodes(kube_apiserver, kube_scope.prefix))
-    code = "import sys; from gputopo.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from gputopo.app.cli import main; sys.exit(main(sys.argv[1:]))"
     args = [
         sys.executable,
         "-c",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 import json
 
-from aggregator.kube import KubeClient
-from gputopo.demo import DEMO_NODE_LABEL, demo_nodes, run_demo
+from gputopo.app.demo import DEMO_NODE_LABEL, demo_nodes, run_demo
+from gputopo.runtime.kube import KubeClient
 from tests.aggregator.kubeutil import read_nodes, run
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope

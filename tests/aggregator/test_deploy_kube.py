@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from aggregator.kube import KubeClient, KubeError
-from aggregator.leader import LeaseConfig
 from aggregator.server import LEADER_POD_LABEL, KubeOptions
+from gputopo.runtime.kube import KubeClient, KubeError
+from gputopo.runtime.leader import LeaseConfig
 from tests.aggregator.kubeutil import (
     aggregator,
     create_nodes,

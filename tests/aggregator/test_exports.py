@@ -21,7 +21,7 @@ from aggregator.exports import (
     volcano_hypernodes,
 )
 from aggregator.labels import LabelScheme
-from gputopo.demo import demo_nodes
+from gputopo.app.demo import demo_nodes
 from gputopo.inventory import expand_hostlist, inventory_topologies, load_inventory
 from gputopo.topology import FabricPosition
 

@@ -6,9 +6,9 @@ import asyncio
 import time
 from typing import Any
 
-from aggregator.kube import KubeClient
-from aggregator.leader import LeaseConfig
 from aggregator.server import LEADER_POD_LABEL, KubeOptions
+from gputopo.runtime.kube import KubeClient
+from gputopo.runtime.leader import LeaseConfig
 from tests.aggregator.kubeutil import (
     aggregator,
     create_nodes,

@@ -7,10 +7,10 @@ import io
 from dataclasses import replace
 from pathlib import Path
 
-from aggregator.kube import KubeClient, NodeObject
 from aggregator.labels import LabelScheme
 from aggregator.server import KubeOptions
 from gputopo.machines import with_gpu_fabric
+from gputopo.runtime.kube import KubeClient, NodeObject
 from gputopo.topology import NodeTopology
 from tests.aggregator.kubeutil import (
     aggregator,

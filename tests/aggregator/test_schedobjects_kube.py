@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from aggregator.exports import KAI_TOPOLOGY, KUEUE_TOPOLOGY, VOLCANO_HYPERNODE, ObjectKind
-from aggregator.kube import KubeClient, KubeError
 from aggregator.server import KubeOptions
+from gputopo.runtime.kube import KubeClient, KubeError
 from gputopo.topology import FabricPosition
 from tests.aggregator.kubeutil import (
     aggregator,
@@ -33,7 +33,7 @@ KINDS = {"kueue": KUEUE_TOPOLOGY, "kai": KAI_TOPOLOGY, "volcano": VOLCANO_HYPERN
 
 def export(fmt: str) -> list[dict[str, Any]]:
     """What `gputopo export FORMAT` prints, run as users run it."""
-    code = "import sys; from gputopo.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from gputopo.app.cli import main; sys.exit(main(sys.argv[1:]))"
     out = subprocess.run(
         [sys.executable, "-c", code, "export", fmt], check=True, capture_output=True, text=True
     ).stdout

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import replace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aggregator.state import ClusterState, ReportOutcome, ReservationError
+from aggregator.changes import ChangeEvent, ChangeKind
+from aggregator.service import _EVENT_TYPES
+from aggregator.state import ClusterState, ReportOutcome
 from gputopo.delta import NodeDelta
 from gputopo.links import LinkHealth
 from gputopo.placement import place
 from gputopo.request import Scope, request_from_mapping
+from gputopo.reservations import ReservationError
 from tests.builders import nvswitch_node
 
 
@@ -138,7 +142,7 @@ def test_reserving_a_held_gpu_is_a_loud_error(state: ClusterState) -> None:
 
 def test_listeners_hear_changes(state: ClusterState) -> None:
     heard: list[tuple[str, str]] = []
-    unsubscribe = state.subscribe(lambda kind, node: heard.append((kind, node)))
+    unsubscribe = state.subscribe(lambda event: heard.append((event.kind, event.node)))
     state.apply_snapshot(NODE, incarnation=5, sequence=1)
     unsubscribe()
     state.remove_node("n1")
@@ -207,3 +211,44 @@ def test_a_fabric_position_from_labels_moves_the_node_generation(state: ClusterS
     assert rec.generation == before + 1
     state.set_labels("n1", {"fabric.topograph.run/tier-0": "leaf-7", "team": "a"})
     assert rec.generation == before + 1
+
+
+def test_change_events_are_typed_frozen_and_numbered(state: ClusterState, clock: Clock) -> None:
+    heard: list[ChangeEvent] = []
+    state.subscribe(heard.append)
+    state.apply_snapshot(NODE, incarnation=5, sequence=1)
+    state.set_labels("n1", {"zone": "a"})
+    clock.now += state.stale_after_s + 1
+    state.check_stale()
+    state.remove_node("n1")
+    assert [(e.kind, e.node) for e in heard] == [
+        (ChangeKind.NODE, "n1"),
+        (ChangeKind.LABELS, "n1"),
+        (ChangeKind.STALE, "n1"),
+        (ChangeKind.REMOVED, "n1"),
+    ]
+    assert [e.generation for e in heard] == [1, 2, 3, 4]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        heard[0].kind = ChangeKind.STALE  # type: ignore[misc]
+    # WatchTopology has an event type for every kind (a new kind cannot be dropped silently).
+    assert set(_EVENT_TYPES) == set(ChangeKind)
+
+
+def test_a_deleted_node_stays_out_until_a_new_life_or_a_new_node_object(
+    state: ClusterState,
+) -> None:
+    state.apply_snapshot(NODE, incarnation=5, sequence=1)
+    state.set_labels("n1", {"team": "infra"})
+    state.node_deleted("n1")
+    assert (state.node_names, state.kube_labels("n1")) == ([], None)
+    # The same exporter life keeps talking: ignored, and a heartbeat asks for a snapshot.
+    assert state.apply_snapshot(NODE, incarnation=5, sequence=2) is ReportOutcome.IGNORED
+    assert state.heartbeat("n1", incarnation=5, sequence=3) is ReportOutcome.RESYNC
+    assert state.node_names == []
+    # A restarted exporter is a new life: let in.
+    assert state.apply_snapshot(NODE, incarnation=6, sequence=1) is ReportOutcome.ACCEPTED
+    state.node_deleted("n1")
+    # The Node object is created again: the old life may report again.
+    state.set_labels("n1", {})
+    assert state.apply_snapshot(NODE, incarnation=6, sequence=2) is ReportOutcome.ACCEPTED
+    assert state.node_names == ["n1"]

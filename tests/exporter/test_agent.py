@@ -18,9 +18,9 @@ from exporter.agent import Agent, AgentConfig
 from exporter.nvml import Nvml
 from exporter.probes.runner import ProbeSchedule
 from exporter.probes.tcp import TcpProbeServer
-from exporter.stream import Backoff
 from gputopo.codec import peer_probe_from_proto
 from gputopo.links import LinkHealth
+from gputopo.runtime.backoff import Backoff
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 from tests.exporter.conftest import FakeNode

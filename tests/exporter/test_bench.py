@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gputopo.cli import main
+from gputopo.app.cli import main
 
 
 def test_bench_exporter_prints_every_figure_as_json(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,7 +16,7 @@ import pytest
 from google.protobuf import json_format
 
 from aggregator.server import Aggregator, AggregatorConfig
-from gputopo.cli import main
+from gputopo.app.cli import main
 from gputopo.codec import topology_from_proto
 from gputopo.importers import import_topology
 from gputopo.importers.topo_matrix import read_topo_matrix

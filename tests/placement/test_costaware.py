@@ -336,9 +336,9 @@ def test_a_refusal_explains_every_domain_it_tried() -> None:
     )
     assert not result.placed
     codes = {r.domain: r.code for r in result.rejections}
-    assert codes["leaf/s/la"] == "insufficient_gpus"
-    assert codes["leaf/s/lb"] == "fragmented"  # 28 free, but no node has 8
-    assert "leaf/s/lb" in result.reason or "fragmented" in result.reason
+    assert codes["tier-0/s/la"] == "insufficient_gpus"
+    assert codes["tier-0/s/lb"] == "fragmented"  # 28 free, but no node has 8
+    assert "tier-0/s/lb" in result.reason or "fragmented" in result.reason
 
 
 def test_a_rack_straddling_two_leaves_still_gives_nvlink_within_the_required_leaf() -> None:

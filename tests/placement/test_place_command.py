@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.cli import main
+from gputopo.app.cli import main
 
 INVENTORY = Path(__file__).resolve().parent.parent / "data" / "inventory_small.yaml"
 

@@ -95,8 +95,8 @@ def test_the_json_mirror_explains_a_refusal_per_domain() -> None:
         assert why["placed"] is False
         assert why["reason"]
         domains = {r["domain"]: r["code"] for r in why["rejections"]}
-        assert domains.get("leaf/spine/leaf-a") == "insufficient_gpus"
-        assert domains.get("leaf/spine/leaf-b") == "insufficient_gpus"
+        assert domains.get("tier-0/spine/leaf-a") == "insufficient_gpus"
+        assert domains.get("tier-0/spine/leaf-b") == "insufficient_gpus"
 
     run(with_http(body))
 

@@ -129,11 +129,11 @@ def run(args: argparse.Namespace) -> int:
     import socket
     import sys
 
-    from aggregator.kube import KubeClient, KubeError
-    from aggregator.leader import LeaseConfig
     from aggregator.publisher import PublisherConfig
     from aggregator.server import Aggregator, AggregatorConfig, KubeOptions
     from gputopo.inventory import InventoryError
+    from gputopo.runtime.kube import KubeClient, KubeError
+    from gputopo.runtime.leader import LeaseConfig
 
     pod_namespace = os.environ.get("POD_NAMESPACE", "")
     pod_name = os.environ.get("POD_NAME", "")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gputopo.commands.aggregator import add_label_arguments, label_scheme
+from gputopo.app.commands.aggregator import add_label_arguments, label_scheme
 
 HELP = "write Slurm topology.conf, Kueue/KAI Topology or Volcano HyperNodes to stdout"
 
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             Placed(n.topology.name, fabric_from_proto(n.topology.fabric)) for n in cluster.nodes
         ]
     else:
-        from gputopo.demo import demo_nodes
+        from gputopo.app.demo import demo_nodes
 
         # Merged as the aggregator merges what the demo's exporters report (NVML adds the
         # NVL72 rack's partition), so the objects name the labels it publishes.

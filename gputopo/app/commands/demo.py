@@ -22,8 +22,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo."""
     import sys
 
-    from aggregator.kube import KubeError
-    from gputopo.demo import main
+    from gputopo.app.demo import main
+    from gputopo.runtime.kube import KubeError
 
     try:
         return main(as_json=args.json, kubeconfig=args.kubeconfig)

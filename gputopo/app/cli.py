@@ -1,6 +1,6 @@
 """The `gputopo` command line.
 
-Subcommands live in `gputopo.commands`, one module each, found at start-up; they import their
+Subcommands live in `gputopo.app.commands`, one module each, found at start-up; they import their
 heavy modules lazily, so `gputopo --help` is fast. Exit codes: 0 success, 1 the work failed (a
 request not placed, a check that found problems), 2 bad usage or input, 130 interrupted.
 """
@@ -15,7 +15,7 @@ import pkgutil
 import sys
 from collections.abc import Callable, Sequence
 
-from gputopo import commands
+from gputopo.app import commands
 
 __all__ = ["main"]
 

@@ -266,6 +266,11 @@ class KubeClient:
         body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
         return NodeObject.from_json(await self.request("POST", "/api/v1/nodes", body=body))
 
+    async def delete_node(self, name: str) -> None:
+        """Delete a Node object (already gone is fine)."""
+        with contextlib.suppress(NotFoundError):
+            await self.request("DELETE", f"/api/v1/nodes/{quote(name)}")
+
     async def patch_node_metadata(
         self,
         name: str,

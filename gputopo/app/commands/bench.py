@@ -1,4 +1,4 @@
-"""`gputopo bench NAME`: run one of the benchmarks in `gputopo.benchmarks`."""
+"""`gputopo bench NAME`: run one of the benchmarks in `gputopo.app.benchmarks`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import importlib
 import pkgutil
 
-from gputopo import benchmarks
+from gputopo.app import benchmarks
 
 HELP = "run a benchmark and print its figures (JSON with --json)"
 

@@ -112,6 +112,7 @@ async def _serve_async(conn: Connection, kind: str) -> None:
     import grpc
 
     from aggregator.server import Aggregator, AggregatorConfig
+    from gputopo.runtime import grpcio
     from gputopo.v1 import reporter_pb2 as rpb
     from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
@@ -130,15 +131,10 @@ async def _serve_async(conn: Connection, kind: str) -> None:
                         status=rpb.ReportResponse.STATUS_ACCEPTED, acked_sequence=msg.sequence
                     )
 
-        # The same Core options as the aggregator's server (see aggregator.server).
-        server = grpc.aio.server(
-            options=[
-                ("grpc.server.max_pending_requests", 50_000),
-                ("grpc.server.max_pending_requests_hard_limit", 100_000),
-            ]
-        )
+        # The same server as the aggregator's (gputopo.runtime.grpcio).
+        server = grpcio.server()
         rgrpc.add_ReporterServicer_to_server(AckOnly(), server)
-        port = server.add_insecure_port("127.0.0.1:0")
+        port = grpcio.bind(server, "127.0.0.1", 0)
         await server.start()
     conn.send(port)
     while True:
@@ -200,6 +196,7 @@ async def _exporters_async(
 ) -> dict[str, Any]:
     import grpc
 
+    from gputopo.runtime import grpcio
     from gputopo.v1 import reporter_pb2 as rpb
     from gputopo.v1 import reporter_pb2_grpc as rgrpc
     from gputopo.v1 import topology_pb2 as tpb
@@ -210,7 +207,7 @@ async def _exporters_async(
     # One HTTP/2 connection per 100 nodes (a local subchannel pool keeps channels with equal
     # arguments from sharing one connection).
     channels = [
-        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+        grpcio.channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
         for _ in range(max(1, len(names) // 100))
     ]
     samples: list[float] = []

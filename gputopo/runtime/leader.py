@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from aggregator.kube import ConflictError, KubeClient, KubeError, LeaseRecord
+from gputopo.runtime.kube import ConflictError, KubeClient, KubeError, LeaseRecord
 
 __all__ = ["LeaderElector", "LeaseConfig", "rfc3339_micro"]
 

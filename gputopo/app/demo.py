@@ -27,17 +27,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
-import grpc
 from google.protobuf import json_format
 
-from aggregator.kube import KubeClient, NodeObject
 from aggregator.publisher import PublisherConfig
 from aggregator.server import Aggregator, AggregatorConfig, KubeOptions
-from aggregator.state import Reservation
 from exporter.simulate import SimulatedExporters
 from gputopo.codec import request_to_proto
 from gputopo.machines import load_machine, with_gpu_fabric
 from gputopo.request import PlacementRequest, request_from_mapping
+from gputopo.reservations import Reservation
+from gputopo.runtime import grpcio
+from gputopo.runtime.kube import KubeClient, NodeObject
 from gputopo.topology import FabricPosition, NodeTopology
 from gputopo.v1 import placement_pb2 as ppb
 from gputopo.v1 import placement_pb2_grpc as pgrpc
@@ -327,7 +327,7 @@ async def run_demo(*, out: TextIO, as_json: bool, kubeconfig: str | None = None)
                 f"busy with {len(EXISTING_WORK)} jobs already running",
                 file=log,
             )
-            async with grpc.aio.insecure_channel(agg.grpc_target) as channel:
+            async with grpcio.channel(agg.grpc_target) as channel:
                 stub = pgrpc.PlacementStub(channel)
                 placed_all = True
                 for i, (title, data) in enumerate(DEMO_REQUESTS, start=1):

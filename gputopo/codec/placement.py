@@ -1,0 +1,256 @@
+"""Placement messages (placement.proto): requests in, results out, and back for clients."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from gputopo.codec._base import CodecError, wire_enum
+from gputopo.placement.result import (
+    EdgePrediction,
+    GroupPrediction,
+    PlacementResult,
+    PodPlacement,
+    Prediction,
+    Rejection,
+    RejectionCode,
+)
+from gputopo.request import (
+    DEFAULT_MESSAGE_BYTES,
+    Constraint,
+    Edge,
+    Group,
+    Pairing,
+    Pattern,
+    PlacementRequest,
+    Scope,
+    Spread,
+)
+from gputopo.v1 import placement_pb2 as ppb
+
+__all__ = ["request_from_proto", "request_to_proto", "result_from_proto", "result_to_proto"]
+
+_PATTERN_TO = {
+    Pattern.NONE: ppb.PATTERN_NONE,
+    Pattern.ALL_REDUCE: ppb.PATTERN_ALL_REDUCE,
+    Pattern.ALL_TO_ALL: ppb.PATTERN_ALL_TO_ALL,
+    Pattern.PIPELINE: ppb.PATTERN_PIPELINE,
+}
+_PATTERN_FROM = {v: k for k, v in _PATTERN_TO.items()} | {ppb.PATTERN_UNSPECIFIED: Pattern.NONE}
+
+
+def _scope_from(value: int, path: str) -> Scope | None:
+    return None if value == ppb.SCOPE_UNSPECIFIED else wire_enum(Scope, value, path)
+
+
+def _scope_to(scope: Scope | None) -> ppb.Scope.ValueType:
+    return ppb.Scope.ValueType(int(scope) if scope else 0)
+
+
+def _constraint_to(c: Constraint) -> ppb.Constraint:
+    return ppb.Constraint(
+        required=_scope_to(c.required),
+        preferred=_scope_to(c.preferred),
+    )
+
+
+def _constraint_from(msg: ppb.Constraint, path: str) -> Constraint:
+    return Constraint(
+        _scope_from(msg.required, f"{path}.required"),
+        _scope_from(msg.preferred, f"{path}.preferred"),
+    )
+
+
+def request_to_proto(r: PlacementRequest) -> ppb.PlacementRequest:
+    """A placement request as a message."""
+    groups = []
+    for g in r.groups:
+        gm = ppb.Group(
+            name=g.name,
+            replicas=g.replicas,
+            pods=g.pods,
+            gpus_per_pod=g.gpus_per_pod,
+            pattern=_PATTERN_TO[g.pattern],
+            message_bytes=g.message_bytes,
+            scope=_constraint_to(g.scope),
+            node_selector=dict(g.node_selector),
+        )
+        if g.spread is not None:
+            gm.spread.CopyFrom(
+                ppb.Spread(across=_scope_to(g.spread.across), required=g.spread.required)
+            )
+        groups.append(gm)
+    edges = [
+        ppb.Edge(
+            source=e.source,
+            target=e.target,
+            min_gbps=e.min_gbps,
+            max_transfer_seconds=e.max_transfer_seconds,
+            transfer_bytes=e.transfer_bytes,
+            pairing=ppb.PAIRING_ONE_TO_ONE if e.pairing is Pairing.ONE_TO_ONE else ppb.PAIRING_ALL,
+        )
+        for e in r.edges
+    ]
+    return ppb.PlacementRequest(
+        job=r.job,
+        namespace=r.namespace,
+        groups=groups,
+        edges=edges,
+        scope=_constraint_to(r.scope),
+        node_selector=dict(r.node_selector),
+        priority=r.priority,
+        policy=r.policy,
+    )
+
+
+def request_from_proto(msg: ppb.PlacementRequest, path: str = "request") -> PlacementRequest:
+    """A request message as a domain request (not yet validated: call `validate`)."""
+    groups = []
+    for i, gm in enumerate(msg.groups):
+        gpath = f"{path}.groups[{i}]"
+        spread = None
+        if gm.HasField("spread"):
+            across = _scope_from(gm.spread.across, f"{gpath}.spread.across")
+            if across is None:
+                raise CodecError(f"{gpath}.spread.across", "is required when spread is set")
+            spread = Spread(across, gm.spread.required)
+        try:
+            pattern = _PATTERN_FROM[gm.pattern]
+        except KeyError:
+            raise CodecError(f"{gpath}.pattern", f"unknown pattern {gm.pattern}") from None
+        groups.append(
+            Group(
+                name=gm.name,
+                replicas=gm.replicas or 1,
+                pods=gm.pods,
+                gpus_per_pod=gm.gpus_per_pod,
+                pattern=pattern,
+                message_bytes=gm.message_bytes or DEFAULT_MESSAGE_BYTES,
+                scope=_constraint_from(gm.scope, f"{gpath}.scope"),
+                spread=spread,
+                node_selector=dict(gm.node_selector),
+            )
+        )
+    edges = [
+        Edge(
+            source=em.source,
+            target=em.target,
+            min_gbps=em.min_gbps,
+            max_transfer_seconds=em.max_transfer_seconds,
+            transfer_bytes=em.transfer_bytes,
+            pairing=Pairing.ONE_TO_ONE if em.pairing == ppb.PAIRING_ONE_TO_ONE else Pairing.ALL,
+        )
+        for em in msg.edges
+    ]
+    return PlacementRequest(
+        groups=tuple(groups),
+        edges=tuple(edges),
+        job=msg.job,
+        namespace=msg.namespace,
+        scope=_constraint_from(msg.scope, f"{path}.scope"),
+        node_selector=dict(msg.node_selector),
+        priority=msg.priority,
+        policy=msg.policy,
+    )
+
+
+def _finite(x: float) -> float:
+    """Protobuf doubles carry inf, but JSON mirrors do not: cap unbounded figures at 0."""
+    return x if math.isfinite(x) else 0.0
+
+
+def result_to_proto(
+    result: PlacementResult,
+    *,
+    uuids: Mapping[str, tuple[str, ...]] | None = None,
+    nics: Mapping[tuple[str, int], str] | None = None,
+) -> ppb.PlaceResponse:
+    """A placement result as a response (reservation fields are the service's to fill)."""
+    msg = ppb.PlaceResponse(placed=result.placed, reason=result.reason, policy=result.policy)
+    for p in result.pods:
+        node_uuids = (uuids or {}).get(p.node, ())
+        msg.assignments.append(
+            ppb.PodAssignment(
+                group=p.group,
+                replica=p.replica,
+                pod=p.pod,
+                rank=p.rank,
+                node=p.node,
+                gpus=list(p.gpus),
+                gpu_uuids=[node_uuids[g] for g in p.gpus if g < len(node_uuids)],
+                nics=sorted({(nics or {}).get((p.node, g), "") for g in p.gpus} - {""}),
+            )
+        )
+    if result.prediction is not None:
+        pred = result.prediction
+        msg.predicted.CopyFrom(
+            ppb.Prediction(
+                groups=[
+                    ppb.GroupPrediction(
+                        group=g.group,
+                        bus_gbps=_finite(g.bus_gbps),
+                        collective_seconds=_finite(g.collective_seconds),
+                        bottleneck=g.bottleneck,
+                        span=_scope_to(g.span),
+                        message_bytes=g.message_bytes,
+                    )
+                    for g in pred.groups
+                ],
+                edges=[
+                    ppb.EdgePrediction(
+                        source=e.source,
+                        target=e.target,
+                        gbps=_finite(e.gbps),
+                        transfer_seconds=_finite(e.transfer_seconds),
+                        satisfied=e.satisfied,
+                    )
+                    for e in pred.edges
+                ],
+                communication_seconds=_finite(pred.communication_seconds),
+                bottleneck_gbps=_finite(pred.bottleneck_gbps),
+            )
+        )
+    msg.rejections.extend(
+        ppb.Rejection(domain=r.domain, code=r.code, message=r.message) for r in result.rejections
+    )
+    return msg
+
+
+def result_from_proto(msg: ppb.PlaceResponse) -> PlacementResult:
+    """A response as a placement result (for clients and tests)."""
+    pods = tuple(
+        PodPlacement(a.group, a.replica, a.pod, a.rank, a.node, tuple(a.gpus))
+        for a in msg.assignments
+    )
+    prediction = None
+    if msg.HasField("predicted"):
+        p = msg.predicted
+        prediction = Prediction(
+            groups=tuple(
+                GroupPrediction(
+                    g.group,
+                    g.bus_gbps,
+                    g.collective_seconds,
+                    g.bottleneck,
+                    Scope(g.span) if g.span else Scope.CLUSTER,
+                    g.message_bytes,
+                )
+                for g in p.groups
+            ),
+            edges=tuple(
+                EdgePrediction(e.source, e.target, e.gbps, e.transfer_seconds, e.satisfied)
+                for e in p.edges
+            ),
+            communication_seconds=p.communication_seconds,
+            bottleneck_gbps=p.bottleneck_gbps,
+        )
+    return PlacementResult(
+        placed=msg.placed,
+        policy=msg.policy,
+        pods=pods,
+        prediction=prediction,
+        reason=msg.reason,
+        rejections=tuple(
+            Rejection(r.domain, RejectionCode(r.code), r.message) for r in msg.rejections
+        ),
+    )

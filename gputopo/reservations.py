@@ -1,0 +1,231 @@
+"""The reservation book: which GPUs are promised to whom, and until when.
+
+A placement that is not a dry run holds its GPUs for a TTL (`reserve`); `commit` keeps them
+until `release`. Expired reservations are dropped before every decision (`expire`), so an
+abandoned reservation never leaks GPUs. `restore` re-installs reservations recovered after a
+restart. Per node, the book answers which GPUs are held and which of a node's GPUs are free.
+
+Why a book of its own, apart from the nodes: reservations outlive reports (a node that comes
+back with fewer GPUs still has its held ones counted as held, never against the GPUs it has),
+persistence needs them alone (the next step adds a durable `ReservationStore`; today's is in
+memory), and a simulator needs them without an aggregator.
+
+Every write goes to the store before the book answers, so a durable store has seen a
+reservation before its id is handed to a caller. The book tells its owner which nodes' free
+GPUs moved through `on_change`; it never reads node state itself.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from gputopo.placement.result import PlacementResult
+
+__all__ = [
+    "MemoryStore",
+    "Reservation",
+    "ReservationBook",
+    "ReservationError",
+    "ReservationStore",
+]
+
+
+@dataclass(slots=True)
+class Reservation:
+    """GPUs held for one placement."""
+
+    id: str
+    gpus: dict[str, frozenset[int]]
+    expires_at: float | None  # None once committed
+    owner: str = ""
+    job: str = ""
+    result: PlacementResult | None = None
+
+    @property
+    def committed(self) -> bool:
+        """Committed reservations never expire."""
+        return self.expires_at is None
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs held."""
+        return sum(len(g) for g in self.gpus.values())
+
+
+class ReservationError(KeyError):
+    """An unknown or expired reservation id."""
+
+
+class ReservationStore(Protocol):
+    """Where reservations are kept so that a restart can restore them."""
+
+    def load(self) -> list[Reservation]:
+        """Every reservation stored."""
+        ...
+
+    def put(self, reservation: Reservation) -> None:
+        """Store a new or changed reservation."""
+        ...
+
+    def delete(self, rid: str) -> None:
+        """Forget a reservation (released or expired); an unknown id is fine."""
+        ...
+
+
+class MemoryStore:
+    """A store that lives as long as the process (what the aggregator used so far)."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, Reservation] = {}
+
+    def load(self) -> list[Reservation]:
+        """Every reservation stored."""
+        return list(self._items.values())
+
+    def put(self, reservation: Reservation) -> None:
+        """Store a new or changed reservation."""
+        self._items[reservation.id] = reservation
+
+    def delete(self, rid: str) -> None:
+        """Forget a reservation."""
+        self._items.pop(rid, None)
+
+
+def _noop(nodes: Iterable[str]) -> None:
+    return None
+
+
+class ReservationBook:
+    """Reservations and the GPUs they hold (see the module docstring). `clock`: unix seconds."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float],
+        store: ReservationStore | None = None,
+        on_change: Callable[[Iterable[str]], None] = _noop,
+    ) -> None:
+        self._clock = clock
+        self.store: ReservationStore = store if store is not None else MemoryStore()
+        self._on_change = on_change
+        self._reservations: dict[str, Reservation] = {}
+        self._held: dict[str, set[int]] = {}
+
+    # --- per node -------------------------------------------------------------------------
+
+    def held(self, node: str) -> frozenset[int]:
+        """GPUs of a node that live reservations hold."""
+        return frozenset(self._held.get(node, ()))
+
+    def held_gpus(self) -> dict[str, frozenset[int]]:
+        """GPUs held by live reservations and commitments, per node."""
+        return {n: frozenset(g) for n, g in self._held.items() if g}
+
+    def free(self, node: str, gpu_count: int) -> frozenset[int]:
+        """GPUs 0..gpu_count-1 of a node that no live reservation holds.
+
+        Reservations may hold GPUs a node no longer has (it came back with fewer): those stay
+        held, but are never counted against the GPUs it has.
+        """
+        return frozenset(range(gpu_count)).difference(self._held.get(node, ()))
+
+    # --- the book -------------------------------------------------------------------------
+
+    def reserve(self, result: PlacementResult, *, ttl_s: float, job: str = "") -> Reservation:
+        """Hold the GPUs of a placement for `ttl_s` seconds.
+
+        Raises ValueError if any GPU is already held: callers place on a fresh snapshot in the
+        same loop turn, so this only fires on a programming error, never silently.
+        """
+        self.expire()
+        allocation = result.allocation()
+        for node, gpus in allocation.items():
+            clash = gpus & self._held.get(node, set())
+            if clash:
+                raise ValueError(f"GPUs {sorted(clash)} of {node} are already held")
+        rid = secrets.token_hex(8)
+        res = Reservation(rid, dict(allocation), self._clock() + ttl_s, job=job, result=result)
+        self.store.put(res)
+        self._reservations[rid] = res
+        self._hold(res)
+        self._on_change(allocation)
+        return res
+
+    def commit(self, rid: str, *, owner: str = "") -> Reservation:
+        """Keep a reservation until released."""
+        self.expire()
+        res = self._reservations.get(rid)
+        if res is None:
+            raise ReservationError(rid)
+        res.expires_at = None
+        res.owner = owner or res.owner
+        self.store.put(res)
+        return res
+
+    def release(self, rid: str) -> Reservation:
+        """Free a reservation's GPUs."""
+        res = self._reservations.get(rid)
+        if res is None:
+            raise ReservationError(rid)
+        self.store.delete(rid)
+        del self._reservations[rid]
+        self._unhold(res)
+        self._on_change(res.gpus)
+        return res
+
+    def reservation(self, rid: str) -> Reservation | None:
+        """A live reservation by id."""
+        self.expire()
+        return self._reservations.get(rid)
+
+    def reservations(self) -> list[Reservation]:
+        """Live reservations."""
+        self.expire()
+        return list(self._reservations.values())
+
+    def expire(self) -> int:
+        """Drop reservations past their expiry; returns how many."""
+        now = self._clock()
+        gone = [
+            r
+            for r in self._reservations.values()
+            if r.expires_at is not None and r.expires_at <= now
+        ]
+        for r in gone:
+            self.store.delete(r.id)
+            del self._reservations[r.id]
+            self._unhold(r)
+            self._on_change(r.gpus)
+        return len(gone)
+
+    def restore(self, reservations: Iterable[Reservation]) -> None:
+        """Re-install reservations recovered after a restart (committed ones, typically)."""
+        for r in reservations:
+            old = self._reservations.get(r.id)
+            if old is not None:
+                self._unhold(old)
+            self.store.put(r)
+            self._reservations[r.id] = r
+            self._hold(r)
+            self._on_change(r.gpus)
+
+    def load(self) -> int:
+        """Restore everything the store holds (after a restart); returns how many."""
+        stored = self.store.load()
+        self.restore(stored)
+        return len(stored)
+
+    def _hold(self, res: Reservation) -> None:
+        for node, gpus in res.gpus.items():
+            self._held.setdefault(node, set()).update(gpus)
+
+    def _unhold(self, res: Reservation) -> None:
+        for node, gpus in res.gpus.items():
+            held = self._held.get(node)
+            if held is not None:
+                held.difference_update(gpus)
+                if not held:
+                    del self._held[node]

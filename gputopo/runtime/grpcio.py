@@ -1,0 +1,78 @@
+"""Every gRPC channel and server of gputopo is made here.
+
+One place decides transport security and message sizes: mutual TLS, when it comes, changes
+these two functions and nothing else. Today both are plaintext, as every caller was before.
+
+Channels: keepalive pings find a peer that vanished without closing its connections (its node
+died). A caller that retries with its own backoff passes it, and the channel's reconnect
+backoff is capped at the same values: gRPC otherwise backs off between connection attempts by
+itself (up to 120 s) and fails new calls at once meanwhile, so after an outage of minutes the
+caller's retries would all fail fast until the channel's timer ran out.
+
+Servers: thousands of exporters reconnect at once after a restart or a failover; Core cancels
+calls beyond its pending-request limit (1,000 by default) before the event loop can take them,
+so the limit is raised and they queue instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from gputopo.runtime.backoff import Backoff
+
+__all__ = ["MAX_MESSAGE_BYTES", "bind", "channel", "server"]
+
+# A full snapshot of a large node with every link measured stays far below this.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+_Option = tuple[str, int | str]
+
+
+def channel(
+    target: str,
+    *,
+    backoff: Backoff | None = None,
+    options: Sequence[_Option] = (),
+) -> grpc.aio.Channel:
+    """A client channel to `target` (host:port); `options` are added to the defaults."""
+    opts: list[_Option] = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+    ]
+    if backoff is not None:
+        base_ms = max(int(backoff.base_s * 1000), 100)
+        opts += [
+            ("grpc.initial_reconnect_backoff_ms", base_ms),
+            ("grpc.min_reconnect_backoff_ms", base_ms),
+            ("grpc.max_reconnect_backoff_ms", max(int(backoff.cap_s * 1000), 100)),
+        ]
+    return grpc.aio.insecure_channel(target, options=[*opts, *options])
+
+
+def server(*, options: Sequence[_Option] = ()) -> grpc.aio.Server:
+    """A server with the limits above; add servicers, then `bind` it and start it."""
+    return grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            ("grpc.server.max_pending_requests", 50_000),
+            ("grpc.server.max_pending_requests_hard_limit", 100_000),
+            *options,
+        ]
+    )
+
+
+def bind(srv: grpc.aio.Server, host: str, port: int) -> int:
+    """Listen on host:port (port 0 picks a free one); returns the bound port.
+
+    Raises OSError when nothing could be bound (gRPC itself only answers 0).
+    """
+    address = f"{host}:{port}"
+    bound = srv.add_insecure_port(address)
+    if bound == 0:
+        raise OSError(f"cannot bind gRPC to {address}")
+    return bound
