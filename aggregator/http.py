@@ -9,7 +9,8 @@ Those three come from the boot every process shares (`gputopo.runtime.http`).
   the same `ClusterTopology` / `NodeState` messages as gRPC's `GetTopology`, in protobuf's JSON
   mapping with the .proto field names.
 - `/api/v1/nodes/{name}/sources`: where each part of the node's fabric position came from, what
-  every source said, the conflicts, and the labels this aggregator wants on the node.
+  every source said, the conflicts, the labels this aggregator wants on the node, and what
+  holds its GPUs (reservations, and pods bound by anyone: `occupancy`).
 """
 
 from __future__ import annotations
@@ -118,5 +119,12 @@ class HttpEndpoints:
             "conflicts": [str(c) for c in res.conflicts],
             "owned_labels": sorted(kube[1]) if kube else [],
             "desired_labels": self._desired(name) if self._desired else None,
+            "occupancy": {
+                # GPUs held by pods beyond live reservations, and every pod that holds some.
+                "held_by_pods": self.state.pod_held(name),
+                "reserved": sorted(self.state.book.held(name)),
+                "free": sorted(self.state.free_gpus(name)),
+                "pods": [asdict(p) for p in self.state.occupancy.pods(name)],
+            },
         }
         return web.json_response(body)

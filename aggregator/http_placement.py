@@ -41,6 +41,7 @@ from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from aggregator.occupancy import pod_gpus
 from aggregator.service import PlacementError, PlacementService
 from gputopo.placement.pernode import fit_on_nodes, scores
 from gputopo.request import DEFAULT_MESSAGE_BYTES, Group, Pattern
@@ -122,7 +123,7 @@ class _Extender:
         if isinstance(args, web.Response):
             return args
         pod, names, _ = args
-        gpus = _pod_gpus(pod)
+        gpus = pod_gpus(pod)
         annotations = _annotations(pod)
         pinned = self._reserved_nodes(annotations)
         if gpus == 0:
@@ -139,7 +140,7 @@ class _Extender:
 
     def _judge(self, pod: Mapping[str, Any], names: list[str]) -> dict[str, str]:
         """Node -> "" when the pod may go there, else the reason it may not."""
-        gpus = _pod_gpus(pod)
+        gpus = pod_gpus(pod)
         annotations = _annotations(pod)
         if gpus == 0:
             return dict.fromkeys(names, "")
@@ -205,26 +206,6 @@ def _node_name(item: Mapping[str, Any]) -> str:
 def _annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:
     found = (pod.get("metadata") or {}).get("annotations") or {}
     return {str(k): str(v) for k, v in found.items()}
-
-
-def _pod_gpus(pod: Mapping[str, Any]) -> int:
-    """GPUs the pod's containers ask for (limits, else requests); init containers' maximum
-    counts as Kubernetes counts it."""
-    spec = pod.get("spec") or {}
-
-    def ask(container: Mapping[str, Any]) -> int:
-        res = container.get("resources") or {}
-        value = (res.get("limits") or {}).get(GPU_RESOURCE)
-        if value is None:
-            value = (res.get("requests") or {}).get(GPU_RESOURCE, 0)
-        try:
-            return int(str(value))
-        except ValueError:
-            return 0
-
-    main = sum(ask(c) for c in spec.get("containers") or [])
-    init = max((ask(c) for c in spec.get("initContainers") or []), default=0)
-    return max(main, init)
 
 
 def _island(annotations: Mapping[str, str]) -> bool:

@@ -37,6 +37,7 @@ from aggregator.ingest import ReporterService
 from aggregator.labels import desired_labels
 from aggregator.metrics import AggregatorCollector, Sources
 from aggregator.nodewatch import NodeWatcher
+from aggregator.podwatch import PodWatcher
 from aggregator.probes import ProbeCoordinator
 from aggregator.publisher import LabelPublisher, PublisherConfig, node_facts
 from aggregator.schedwriter import SchedulerObjectWriter
@@ -135,6 +136,8 @@ class Aggregator:
             if kube is not None
             else None
         )
+        # So are bound pods: what someone else's pods hold is not free for placement.
+        self.pods = PodWatcher(self.state, kube) if kube is not None else None
         self.publisher = (
             LabelPublisher(self.state, kube, self.nodes, opts.publisher, out=out)
             if kube is not None and self.nodes is not None and opts.publish_labels
@@ -233,6 +236,8 @@ class Aggregator:
         self._tasks.append(asyncio.create_task(self._housekeep(), name="housekeeping"))
         if self.nodes is not None:
             self._tasks.append(asyncio.create_task(self.nodes.run(), name="node-watch"))
+        if self.pods is not None:
+            self._tasks.append(asyncio.create_task(self.pods.run(), name="pod-watch"))
         if self.elector is not None:
             await self._unmark_pod()
             self._tasks.append(asyncio.create_task(self.elector.run(), name="leader-election"))

@@ -24,10 +24,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from aggregator.changes import ChangeEvent, ChangeKind
 from aggregator.fabric import FabricSources, Resolution
 from aggregator.indexes import DomainIndex
+from aggregator.occupancy import Occupancy
 from gputopo.cluster import ClusterSnapshot, NodeState
 from gputopo.delta import NodeDelta, apply_delta
 from gputopo.placement.result import PlacementResult
@@ -92,6 +94,8 @@ class ClusterState:
         # Kubernetes labels of every Node object seen, and which of them this aggregator owns.
         self._kube_labels: dict[str, tuple[dict[str, str], frozenset[str]]] = {}
         self.book = ReservationBook(clock=clock, store=store, on_change=self._allocations_moved)
+        # GPUs that pods bound by anyone hold (aggregator.occupancy), fed by the pod watcher.
+        self.occupancy = Occupancy()
         self.generation = 0
         self._snapshot: ClusterSnapshot | None = None
         self._snapshot_key: tuple[int, frozenset[str]] | None = None
@@ -411,11 +415,33 @@ class ClusterState:
             self._changed(ChangeKind.ALLOCATION, node)
 
     def free_gpus(self, node: str) -> frozenset[int]:
-        """GPUs of a node that no live reservation holds (empty for an unknown node)."""
+        """GPUs of a node that no live reservation and no bound pod holds (empty for an unknown
+        node). Pods are counted, not located: as many free GPUs as they hold are left out, the
+        highest indices first (`aggregator.occupancy`)."""
         rec = self._nodes.get(node)
         if rec is None:
             return frozenset()
-        return self.book.free(node, rec.topology.gpu_count)
+        free = self.book.free(node, rec.topology.gpu_count)
+        taken = self.pod_held(node)
+        if not taken:
+            return free
+        return frozenset(sorted(free)[: max(len(free) - taken, 0)])
+
+    def pod_held(self, node: str) -> int:
+        """GPUs of a node that bound pods hold beyond what live reservations account for."""
+        return self.occupancy.held(node, live=lambda rid: self.book.reservation(rid) is not None)
+
+    def pod_seen(self, pod: Mapping[str, Any]) -> None:
+        """A bound pod as it is now (the pod watcher's); moves its node's free GPUs."""
+        for node in self.occupancy.upsert(pod):
+            if node in self._nodes:
+                self._changed(ChangeKind.ALLOCATION, node)
+
+    def pod_deleted(self, pod: Mapping[str, Any]) -> None:
+        """A pod deleted, or no longer bound: its GPUs are free again."""
+        for node in self.occupancy.remove(pod):
+            if node in self._nodes:
+                self._changed(ChangeKind.ALLOCATION, node)
 
     def held_gpus(self) -> dict[str, frozenset[int]]:
         """GPUs held by live reservations and commitments, per node."""

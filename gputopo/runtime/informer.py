@@ -22,12 +22,12 @@ import asyncio
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from gputopo.runtime.backoff import Backoff
 from gputopo.runtime.kube import GoneError, KubeClient, KubeError, NodeObject
 
-__all__ = ["Informer", "node_informer"]
+__all__ = ["Informer", "bound_pod_informer", "node_informer"]
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,30 @@ def node_informer(
         watch=kube.watch_nodes,
         key=lambda node: node.name,
         version=lambda node: node.resource_version,
+        on_upsert=on_upsert,
+        on_delete=on_delete,
+        backoff=backoff,
+    )
+
+
+def bound_pod_informer(
+    kube: KubeClient,
+    *,
+    on_upsert: Callable[[dict[str, Any], bool], None] = lambda obj, relisted: None,
+    on_delete: Callable[[dict[str, Any]], None] = lambda obj: None,
+    backoff: Backoff = _DEFAULT_BACKOFF,
+) -> Informer[dict[str, Any]]:
+    """An informer over every pod bound to a node, in every namespace, as the API's JSON."""
+
+    def meta(pod: dict[str, Any]) -> dict[str, Any]:
+        return pod.get("metadata") or {}
+
+    return Informer(
+        name="pods",
+        list_objects=kube.list_bound_pods,
+        watch=kube.watch_bound_pods,
+        key=lambda pod: f"{meta(pod).get('namespace', '')}/{meta(pod).get('name', '')}",
+        version=lambda pod: str(meta(pod).get("resourceVersion", "")),
         on_upsert=on_upsert,
         on_delete=on_delete,
         backoff=backoff,

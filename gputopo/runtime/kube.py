@@ -72,6 +72,10 @@ class ThrottledError(KubeError):
     """429 (or 503 with Retry-After): wait `retry_after_s` and try again."""
 
 
+# Pods a scheduler has bound to a node (the only ones that hold a node's devices).
+_BOUND = "spec.nodeName!="
+
+
 @dataclass(frozen=True, slots=True)
 class NodeObject:
     """The parts of a Node the aggregator reads."""
@@ -247,15 +251,39 @@ class KubeClient:
 
     async def list_nodes(self) -> tuple[list[NodeObject], str]:
         """Every Node, and the list's resource version (to watch from)."""
-        items: list[NodeObject] = []
-        query: dict[str, str] = {"limit": "500"}
+        items, version = await self.list_all("/api/v1/nodes")
+        return [NodeObject.from_json(obj) for obj in items], version
+
+    async def list_all(
+        self, path: str, *, query: Mapping[str, str] | None = None
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Every object of a collection, 500 a page, and the list's resource version."""
+        base = dict(query or {})
+        page_query = base | {"limit": "500"}
+        items: list[dict[str, Any]] = []
         while True:
-            page = await self.request("GET", "/api/v1/nodes", query=query)
-            items += [NodeObject.from_json(obj) for obj in page.get("items") or []]
+            page = await self.request("GET", path, query=page_query)
+            items += list(page.get("items") or [])
             meta = page.get("metadata") or {}
             if not meta.get("continue"):
                 return items, str(meta.get("resourceVersion", ""))
-            query = {"limit": "500", "continue": meta["continue"]}
+            page_query = base | {"limit": "500", "continue": meta["continue"]}
+
+    # --- pods --------------------------------------------------------------------------------
+
+    async def list_bound_pods(self) -> tuple[list[dict[str, Any]], str]:
+        """Every pod bound to a node, in every namespace, as the API's JSON."""
+        return await self.list_all("/api/v1/pods", query={"fieldSelector": _BOUND})
+
+    async def watch_bound_pods(
+        self, resource_version: str, *, timeout_s: int = 60
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(event type, pod JSON) for pods bound to a node; a pod that gets bound arrives as
+        ADDED (it starts to match the field selector). As `watch_nodes` otherwise."""
+        async for kind, obj in self.watch_json(
+            "/api/v1/pods", resource_version, timeout_s=timeout_s, query={"fieldSelector": _BOUND}
+        ):
+            yield kind, obj
 
     async def get_node(self, name: str) -> NodeObject:
         """One Node."""
@@ -305,18 +333,32 @@ class KubeClient:
         Ends when the server closes the watch (after about `timeout_s`); raises `GoneError` when the
         version is too old. Cancelling the consumer closes the connection.
         """
-        query = {
+        async for kind, obj in self.watch_json(
+            "/api/v1/nodes", resource_version, timeout_s=timeout_s
+        ):
+            yield kind, NodeObject.from_json(obj)
+
+    async def watch_json(
+        self,
+        path: str,
+        resource_version: str,
+        *,
+        timeout_s: int = 60,
+        query: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(event type, object JSON) of a watch on a collection after `resource_version`."""
+        watch_query = dict(query or {}) | {
             "watch": "true",
             "resourceVersion": resource_version,
             "timeoutSeconds": str(timeout_s),
             "allowWatchBookmarks": "true",
         }
-        async for event in self._watch("/api/v1/nodes", query):
+        async for event in self._watch(path, watch_query):
             kind = event.get("type", "")
             obj = event.get("object") or {}
             if kind == "ERROR":
                 raise _error(int(obj.get("code") or 500), json.dumps(obj).encode(), None)
-            yield kind, NodeObject.from_json(obj)
+            yield kind, obj
 
     async def _watch(self, path: str, query: Mapping[str, str]) -> AsyncIterator[dict[str, Any]]:
         loop = asyncio.get_running_loop()

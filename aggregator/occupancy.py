@@ -1,0 +1,137 @@
+"""GPUs that pods bound by anyone hold, counted from the Pod objects.
+
+Beside a real kube-scheduler, gputopo reserved a node that was already full: kube-scheduler had
+bound pods holding 14 GPUs, and gputopo still said `free 136 of 136`. Every pod bound to a node
+and not finished holds the GPUs its containers ask for, whoever scheduled it, so the state takes
+them out of the node's free GPUs:
+
+1. A pod's GPUs: the sum of its containers' limits of a GPU resource (`nvidia.com/gpu`, or the
+   names given; requests when no limit), or the largest init container's if that is more, as
+   Kubernetes counts a pod's effective request.
+2. A pod counts while it is bound (`spec.nodeName`) and not `Succeeded` or `Failed`: a
+   terminating pod still holds its devices until its containers stop.
+3. A pod that carries `gputopo.io/reservation` of a live reservation is already held by the
+   reservation book: counting it again would hold its GPUs twice. A pod whose reservation is
+   gone (expired, released, unknown after a restart) counts as any other pod.
+
+Counts say how many GPUs a node has left, not which: the state leaves out that many of the
+node's free GPUs (the highest indices), so placement never hands out more GPUs than are free,
+and which GPUs the device plugin gives is up to the kubelet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "GPU_RESOURCES",
+    "RESERVATION_ANNOTATION",
+    "Occupancy",
+    "PodUse",
+    "pod_gpus",
+    "pod_use",
+]
+
+GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu",)
+RESERVATION_ANNOTATION = "gputopo.io/reservation"
+_DONE = frozenset({"Succeeded", "Failed"})
+
+
+def pod_gpus(pod: Mapping[str, Any], resources: Collection[str] = GPU_RESOURCES) -> int:
+    """GPUs a pod's containers ask for (limits, else requests); the largest init container's
+    when that is more, as Kubernetes counts a pod's effective request."""
+    spec = pod.get("spec") or {}
+
+    def ask(container: Mapping[str, Any]) -> int:
+        res = container.get("resources") or {}
+        total = 0
+        for name in resources:
+            value = (res.get("limits") or {}).get(name)
+            if value is None:
+                value = (res.get("requests") or {}).get(name, 0)
+            try:
+                total += int(str(value))
+            except ValueError:
+                continue  # an extended resource is a whole number; anything else asks for none
+        return total
+
+    main = sum(ask(c) for c in spec.get("containers") or [])
+    init = max((ask(c) for c in spec.get("initContainers") or []), default=0)
+    return max(main, init)
+
+
+@dataclass(frozen=True, slots=True)
+class PodUse:
+    """What one bound pod holds: `gpus` on `node`, and the reservation it belongs to, if any."""
+
+    key: str  # namespace/name
+    node: str
+    gpus: int
+    reservation: str = ""
+
+
+def pod_use(pod: Mapping[str, Any], resources: Collection[str] = GPU_RESOURCES) -> PodUse | None:
+    """The GPUs a pod holds now, or None when it holds none (unbound, finished, no GPUs)."""
+    meta = pod.get("metadata") or {}
+    node = str((pod.get("spec") or {}).get("nodeName") or "")
+    phase = str((pod.get("status") or {}).get("phase") or "")
+    gpus = pod_gpus(pod, resources)
+    if not node or phase in _DONE or gpus <= 0:
+        return None
+    annotations = meta.get("annotations") or {}
+    return PodUse(
+        key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+        node=node,
+        gpus=gpus,
+        reservation=str(annotations.get(RESERVATION_ANNOTATION, "")),
+    )
+
+
+class Occupancy:
+    """Bound pods and the GPUs they hold, per node (see the module docstring)."""
+
+    def __init__(self, resources: Collection[str] = GPU_RESOURCES) -> None:
+        self.resources = tuple(resources)
+        self._pods: dict[str, PodUse] = {}
+        self._by_node: dict[str, dict[str, PodUse]] = {}
+
+    def upsert(self, pod: Mapping[str, Any]) -> set[str]:
+        """Take a pod as it is now; the nodes whose count may have moved."""
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        moved = self._drop(key)
+        use = pod_use(pod, self.resources)
+        if use is not None:
+            self._pods[key] = use
+            self._by_node.setdefault(use.node, {})[key] = use
+            moved.add(use.node)
+        return moved
+
+    def remove(self, pod: Mapping[str, Any]) -> set[str]:
+        """Forget a deleted pod; the nodes whose count moved."""
+        meta = pod.get("metadata") or {}
+        return self._drop(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+
+    def _drop(self, key: str) -> set[str]:
+        old = self._pods.pop(key, None)
+        if old is None:
+            return set()
+        on_node = self._by_node.get(old.node, {})
+        on_node.pop(key, None)
+        if not on_node:
+            self._by_node.pop(old.node, None)
+        return {old.node}
+
+    def pods(self, node: str) -> list[PodUse]:
+        """The pods that hold GPUs of a node."""
+        return sorted(self._by_node.get(node, {}).values(), key=lambda p: p.key)
+
+    def held(self, node: str, *, live: Callable[[str], bool]) -> int:
+        """GPUs of a node that pods hold and no live reservation already accounts for."""
+        return sum(
+            p.gpus
+            for p in self._by_node.get(node, {}).values()
+            if not (p.reservation and live(p.reservation))
+        )
