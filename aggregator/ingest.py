@@ -42,10 +42,12 @@ from aggregator.state import ClusterState, ReportOutcome
 from gputopo.codec import (
     CodecError,
     delta_from_proto,
+    gpu_use_from_proto,
     peer_probe_from_proto,
     topology_from_proto,
 )
 from gputopo.delta import NodeDelta
+from gputopo.gpu_use import GpuUse
 from gputopo.topology import DeviceKind, NodeTopology
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
@@ -204,6 +206,7 @@ class ReporterService(rgrpc.ReporterServicer):
     def _apply(self, msg: rpb.ReportRequest, kind: str) -> ReportOutcome:
         seq = {"incarnation": msg.incarnation, "sequence": msg.sequence}
         probes: list[tuple[str, float]] = []
+        use = _kubelet_use(msg, kind)  # decoded (and checked) before anything is applied
         if kind == "snapshot":
             topology = topology_from_proto(msg.snapshot.topology, "snapshot.topology")
             if topology.name != msg.node_name:
@@ -224,10 +227,18 @@ class ReporterService(rgrpc.ReporterServicer):
         else:
             raise CodecError("payload", "one of snapshot, delta or heartbeat is required")
         if outcome is ReportOutcome.ACCEPTED:
-            self._accepted(msg, kind, probes)
+            self._accepted(msg, kind, probes, use)
         return outcome
 
-    def _accepted(self, msg: rpb.ReportRequest, kind: str, probes: list[tuple[str, float]]) -> None:
+    def _accepted(
+        self,
+        msg: rpb.ReportRequest,
+        kind: str,
+        probes: list[tuple[str, float]],
+        use: tuple[GpuUse | None] | None,
+    ) -> None:
+        if use is not None:
+            self._state.set_kubelet_use(msg.node_name, use[0])
         if kind != "heartbeat" and msg.HasField("sent_at"):
             self.stats.observe_freshness(self._wall() - msg.sent_at.ToNanoseconds() / 1e9)
         self._state.set_probe_address(msg.node_name, msg.probe_address)
@@ -249,6 +260,18 @@ class ReporterService(rgrpc.ReporterServicer):
             for peer, address in self._probes.due(msg.node_name, self._wall()):
                 resp.probe_targets.append(rpb.ProbeTarget(node_name=peer, address=address))
         return resp
+
+
+def _kubelet_use(msg: rpb.ReportRequest, kind: str) -> tuple[GpuUse | None] | None:
+    """What the kubelet says is held, when the message says it: `(use,)`, `(None,)` for a
+    snapshot of an exporter that does not ask the kubelet, None when the message is silent."""
+    if kind == "snapshot":
+        if not msg.snapshot.HasField("gpu_use"):
+            return (None,)
+        return (gpu_use_from_proto(msg.snapshot.gpu_use, "snapshot.gpu_use"),)
+    if kind == "delta" and msg.delta.HasField("gpu_use"):
+        return (gpu_use_from_proto(msg.delta.gpu_use, "delta.gpu_use"),)
+    return None
 
 
 def _peer_probes(msg: rpb.Delta, node: str) -> list[tuple[str, float]]:

@@ -16,7 +16,9 @@ them out of the node's free GPUs:
 
 Counts say how many GPUs a node has left, not which: the state leaves out that many of the
 node's free GPUs (the highest indices), so placement never hands out more GPUs than are free,
-and which GPUs the device plugin gives is up to the kubelet.
+and which GPUs the device plugin gives is up to the kubelet. Where the exporter reports what the
+kubelet handed out (`gputopo.gpu_use`), those exact GPUs are left out instead, and the pods it
+names are not counted again; a pod bound but not yet reported by the kubelet still counts.
 """
 
 from __future__ import annotations
@@ -128,10 +130,11 @@ class Occupancy:
         """The pods that hold GPUs of a node."""
         return sorted(self._by_node.get(node, {}).values(), key=lambda p: p.key)
 
-    def held(self, node: str, *, live: Callable[[str], bool]) -> int:
-        """GPUs of a node that pods hold and no live reservation already accounts for."""
+    def held(self, node: str, *, live: Callable[[str], bool], located: Collection[str] = ()) -> int:
+        """GPUs of a node that pods hold and nothing else accounts for: not a live reservation,
+        and not the kubelet, which `located` the GPUs of these pods (`namespace/name`)."""
         return sum(
             p.gpus
             for p in self._by_node.get(node, {}).values()
-            if not (p.reservation and live(p.reservation))
+            if not (p.reservation and live(p.reservation)) and p.key not in located
         )

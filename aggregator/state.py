@@ -32,6 +32,7 @@ from aggregator.indexes import DomainIndex
 from aggregator.occupancy import Occupancy
 from gputopo.cluster import ClusterSnapshot, NodeState
 from gputopo.delta import NodeDelta, apply_delta
+from gputopo.gpu_use import GpuUse
 from gputopo.placement.result import PlacementResult
 from gputopo.reservations import Reservation, ReservationBook, ReservationStore
 from gputopo.topology import NodeTopology
@@ -94,8 +95,10 @@ class ClusterState:
         # Kubernetes labels of every Node object seen, and which of them this aggregator owns.
         self._kube_labels: dict[str, tuple[dict[str, str], frozenset[str]]] = {}
         self.book = ReservationBook(clock=clock, store=store, on_change=self._allocations_moved)
-        # GPUs that pods bound by anyone hold (aggregator.occupancy), fed by the pod watcher.
+        # GPUs that pods bound by anyone hold (aggregator.occupancy), fed by the pod watcher,
+        # and the exact GPUs each node's kubelet says it handed out (from the exporters).
         self.occupancy = Occupancy()
+        self._kubelet: dict[str, GpuUse] = {}
         self.generation = 0
         self._snapshot: ClusterSnapshot | None = None
         self._snapshot_key: tuple[int, frozenset[str]] | None = None
@@ -422,14 +425,37 @@ class ClusterState:
         if rec is None:
             return frozenset()
         free = self.book.free(node, rec.topology.gpu_count)
+        use = self._kubelet.get(node)
+        if use is not None and use.known:
+            free = free.difference(use.held)
         taken = self.pod_held(node)
         if not taken:
             return free
         return frozenset(sorted(free)[: max(len(free) - taken, 0)])
 
     def pod_held(self, node: str) -> int:
-        """GPUs of a node that bound pods hold beyond what live reservations account for."""
-        return self.occupancy.held(node, live=lambda rid: self.book.reservation(rid) is not None)
+        """GPUs of a node that bound pods hold beyond what live reservations and the kubelet's
+        exact report account for."""
+        use = self._kubelet.get(node)
+        located = {h.pod_key for h in use.held.values()} if use is not None and use.known else set()
+        return self.occupancy.held(
+            node, live=lambda rid: self.book.reservation(rid) is not None, located=located
+        )
+
+    def set_kubelet_use(self, node: str, use: GpuUse | None) -> None:
+        """What a node's kubelet says is held (None: its exporter does not ask the kubelet)."""
+        if self._kubelet.get(node) == use:
+            return
+        if use is None:
+            self._kubelet.pop(node, None)
+        else:
+            self._kubelet[node] = use
+        if node in self._nodes:
+            self._changed(ChangeKind.ALLOCATION, node)
+
+    def kubelet_use(self, node: str) -> GpuUse | None:
+        """What a node's kubelet last said is held."""
+        return self._kubelet.get(node)
 
     def pod_seen(self, pod: Mapping[str, Any]) -> None:
         """A bound pod as it is now (the pod watcher's); moves its node's free GPUs."""

@@ -38,6 +38,7 @@ from exporter.discovery import Discovery, DiscoveryResult
 from exporter.health import HealthPolicy
 from exporter.metrics import ExporterView, register
 from exporter.nvml import Nvml
+from exporter.podresources import PodResourcesReader
 from exporter.probes.results import ProbeResults
 from exporter.probes.runner import (
     GPU_PROBE,
@@ -51,6 +52,7 @@ from exporter.probes.tcp import TcpProbeServer
 from exporter.stream import ProbeTarget, ReportStream, report_channel
 from exporter.sysfs import Sysfs
 from gputopo import __version__
+from gputopo.gpu_use import GpuUse
 from gputopo.runtime.backoff import Backoff
 from gputopo.runtime.http import HttpServer, ProbeResult
 from gputopo.topology import NodeTopology, NvmlStatus
@@ -86,6 +88,9 @@ class AgentConfig:
     peer_probes: bool = True
     probe_schedule: ProbeSchedule = field(default_factory=ProbeSchedule)
     health: HealthPolicy = field(default_factory=HealthPolicy)
+    # The kubelet's pod-resources socket; None: do not ask the kubelet what is held.
+    pod_resources_socket: Path | None = None
+    pod_resources_interval_s: float = 10.0
 
 
 @dataclass(slots=True)
@@ -120,6 +125,12 @@ class Agent:
             clock=clock,
         )
         self.probes = ProbeResults()
+        self.pod_resources = (
+            PodResourcesReader(config.pod_resources_socket)
+            if config.pod_resources_socket is not None
+            else None
+        )
+        self.gpu_use: GpuUse | None = None
         self._rng = rng or random.Random()
         self.runner = ProbeRunner(
             results=self.probes,
@@ -185,6 +196,9 @@ class Agent:
         self._spawn(self._discovery_loop(), "discovery")
         if self.config.gpu_probes:
             self._spawn(self._gpu_probe_loop(), "gpu-probes")
+        if self.pod_resources is not None:
+            await self.read_gpu_use()
+            self._spawn(self._gpu_use_loop(), "pod-resources")
         if self.config.aggregator:
             self._channel = report_channel(self.config.aggregator, self.config.backoff)
             self.stream = ReportStream(
@@ -196,6 +210,7 @@ class Agent:
                 probe_address=self._advertised_probe_address(),
                 rng=self._rng,
                 on_probe_targets=self._set_targets,
+                gpu_use=lambda: self.gpu_use,
             )
             self._spawn(self.stream.run(), "report-stream")
             if self.config.peer_probes:
@@ -268,6 +283,31 @@ class Agent:
         while True:
             await asyncio.sleep(interval * self._rng.uniform(1 - jitter, 1 + jitter))
             await self.discover()
+
+    # --- what the kubelet says is held -------------------------------------------------------
+
+    async def read_gpu_use(self) -> None:
+        """Ask the kubelet which GPUs it has handed out; report it when that changed."""
+        if self.pod_resources is None:
+            return
+        use = await self.pod_resources.read(self.topology)
+        if use != self.gpu_use:
+            if self.gpu_use is None or use.known != self.gpu_use.known:
+                log.info(
+                    "kubelet pod resources: %s",
+                    f"{len(use.held)} GPUs held" if use.known else use.reason,
+                )
+            self.gpu_use = use
+            if self.stream is not None:
+                self.stream.changed()
+
+    async def _gpu_use_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.pod_resources_interval_s)
+            try:
+                await self.read_gpu_use()
+            except Exception:
+                log.exception("reading the kubelet's pod resources failed")
 
     # --- probes -----------------------------------------------------------------------------
 

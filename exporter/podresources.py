@@ -21,48 +21,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
+from gputopo.gpu_use import GpuHolder, GpuUse
 from gputopo.runtime.grpcio import channel
 from gputopo.topology import NodeTopology
 from gputopo.v1 import podresources_pb2 as pb
 from gputopo.v1 import podresources_pb2_grpc as pb_grpc
 
-__all__ = ["DEFAULT_SOCKET", "GpuHolder", "GpuUse", "PodResourcesReader"]
+__all__ = ["DEFAULT_SOCKET", "PodResourcesReader"]
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 GPU_RESOURCES = ("nvidia.com/gpu",)
 GPU_DRIVERS = ("gpu.nvidia.com",)
 _DRA_GPU = re.compile(r"^gpu-(\d+)$")
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class GpuHolder:
-    """A container that holds a GPU, and how it got it (a resource name or a DRA claim)."""
-
-    namespace: str
-    pod: str
-    container: str
-    via: str
-
-
-@dataclass(frozen=True, slots=True)
-class GpuUse:
-    """The kubelet's answer for this node: held GPUs by index, what it can allocate, what did
-    not map to a GPU, and `reason` when it could not be asked (then nothing else is known)."""
-
-    held: dict[int, GpuHolder] = field(default_factory=dict)
-    allocatable: frozenset[int] | None = None
-    unmapped: tuple[str, ...] = ()
-    reason: str = ""
-
-    @property
-    def known(self) -> bool:
-        """Whether the kubelet answered `List`."""
-        return not self.reason
 
 
 class PodResourcesReader:

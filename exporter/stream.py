@@ -5,7 +5,8 @@ heartbeats when it does not, every message numbered (incarnation, sequence). The
 each message; RESYNC makes the next message a snapshot. An ack may name peers to probe
 (`probe_targets`): the stream hands them to `on_probe_targets`, and peer results handed back
 with `add_peer_probes` travel in the next Delta's `peer_probes` (a Delta without topology
-changes when there are none).
+changes when there are none). What the kubelet says is held (`gpu_use()`, when given) goes in
+every snapshot and in the next Delta after it changes.
 
 Failure handling: any stream error (aggregator down, restarted, unreachable) closes the stream;
 the next attempt waits a jittered exponential backoff (full jitter, capped) and starts again
@@ -27,8 +28,15 @@ from dataclasses import dataclass
 import grpc
 
 from gputopo import __version__
-from gputopo.codec import delta_to_proto, peer_probe_to_proto, timestamp, topology_to_proto
+from gputopo.codec import (
+    delta_to_proto,
+    gpu_use_to_proto,
+    peer_probe_to_proto,
+    timestamp,
+    topology_to_proto,
+)
 from gputopo.delta import NodeDelta, diff_topology
+from gputopo.gpu_use import GpuUse
 from gputopo.runtime import grpcio
 from gputopo.runtime.backoff import Backoff
 from gputopo.topology import Measurement, NodeTopology
@@ -91,9 +99,12 @@ class ReportStream:
         rng: random.Random | None = None,
         incarnation: int | None = None,
         on_probe_targets: Callable[[tuple[ProbeTarget, ...]], None] | None = None,
+        gpu_use: Callable[[], GpuUse | None] | None = None,
     ) -> None:
         self.node_name = node_name
         self._source = source
+        self._gpu_use = gpu_use or (lambda: None)
+        self._sent_use: GpuUse | None = None
         self._stub = rgrpc.ReporterStub(channel)
         self._heartbeat_s = heartbeat_interval_s
         self._backoff = backoff
@@ -191,21 +202,29 @@ class ReportStream:
     def _next_message(self, sent: NodeTopology | None, current: NodeTopology) -> rpb.ReportRequest:
         """A snapshot (first, after RESYNC, or when a delta cannot say it), else delta or beat."""
         delta = None if sent is None or self._resync else diff_topology(sent, current)
+        use = self._gpu_use()
         if delta is None:
             self._resync = False
             self.stats.snapshots_sent += 1
             if self._peer_probes:
                 self._wake.set()  # the probe results go in the message right after
-            return self._message(
-                snapshot=rpb.Snapshot(topology=topology_to_proto(current, observed_at=time.time()))
-            )
+            snapshot = rpb.Snapshot(topology=topology_to_proto(current, observed_at=time.time()))
+            if use is not None:
+                snapshot.gpu_use.CopyFrom(gpu_use_to_proto(use))
+            self._sent_use = use
+            return self._message(snapshot=snapshot)
         probes, self._peer_probes = self._peer_probes, {}
-        if delta.empty and not probes:
+        use_moved = use is not None and use != self._sent_use
+        if delta.empty and not probes and not use_moved:
             self.stats.heartbeats_sent += 1
             return self._message(heartbeat=rpb.Heartbeat())
         self.stats.deltas_sent += 1
         self.stats.peer_probes_sent += len(probes)
-        return self._message(delta=_delta_message(delta, probes))
+        msg = _delta_message(delta, probes)
+        if use_moved and use is not None:
+            msg.gpu_use.CopyFrom(gpu_use_to_proto(use))
+            self._sent_use = use
+        return self._message(delta=msg)
 
     async def _read_acks(
         self, call: grpc.aio.StreamStreamCall[rpb.ReportRequest, rpb.ReportResponse]

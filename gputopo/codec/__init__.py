@@ -19,6 +19,8 @@ from gputopo.codec.placement import (
 from gputopo.codec.report import (
     delta_from_proto,
     delta_to_proto,
+    gpu_use_from_proto,
+    gpu_use_to_proto,
     peer_probe_from_proto,
     peer_probe_to_proto,
 )
@@ -46,6 +48,8 @@ __all__ = [
     "fabric_to_proto",
     "gpu_from_proto",
     "gpu_to_proto",
+    "gpu_use_from_proto",
+    "gpu_use_to_proto",
     "link_from_proto",
     "link_to_proto",
     "nic_from_proto",

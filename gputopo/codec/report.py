@@ -20,10 +20,18 @@ from gputopo.codec.topology import (
     nvml_to_proto,
 )
 from gputopo.delta import NodeDelta
+from gputopo.gpu_use import GpuHolder, GpuUse
 from gputopo.topology import Measurement
 from gputopo.v1 import reporter_pb2 as rpb
 
-__all__ = ["delta_from_proto", "delta_to_proto", "peer_probe_from_proto", "peer_probe_to_proto"]
+__all__ = [
+    "delta_from_proto",
+    "delta_to_proto",
+    "gpu_use_from_proto",
+    "gpu_use_to_proto",
+    "peer_probe_from_proto",
+    "peer_probe_to_proto",
+]
 
 
 def delta_to_proto(delta: NodeDelta) -> rpb.Delta:
@@ -75,4 +83,37 @@ def delta_from_proto(msg: rpb.Delta, path: str = "delta") -> NodeDelta:
         fabric=fabric_from_proto(msg.fabric) if msg.HasField("fabric") else None,
         nvml=nvml_from_proto(msg.nvml) if msg.HasField("nvml") else None,
         problems=tuple(msg.problems) if msg.problems_changed else None,
+    )
+
+
+def gpu_use_to_proto(use: GpuUse) -> rpb.KubeletGpuUse:
+    """What the kubelet says is held, as a message."""
+    return rpb.KubeletGpuUse(
+        known=use.known,
+        reason=use.reason,
+        held=[
+            rpb.GpuHolder(
+                gpu=gpu, namespace=h.namespace, pod=h.pod, container=h.container, via=h.via
+            )
+            for gpu, h in sorted(use.held.items())
+        ],
+        allocatable=sorted(use.allocatable or ()),
+        allocatable_known=use.allocatable is not None,
+        unmapped=list(use.unmapped),
+    )
+
+
+def gpu_use_from_proto(msg: rpb.KubeletGpuUse, path: str = "gpu_use") -> GpuUse:
+    """A KubeletGpuUse message as the domain object; CodecError naming the field if malformed."""
+    if not msg.known:
+        return GpuUse(reason=msg.reason or "the exporter could not ask the kubelet")
+    held: dict[int, GpuHolder] = {}
+    for i, h in enumerate(msg.held):
+        if h.gpu in held:
+            raise CodecError(f"{path}.held[{i}].gpu", f"GPU {h.gpu} is held twice")
+        held[h.gpu] = GpuHolder(h.namespace, h.pod, h.container, h.via)
+    return GpuUse(
+        held=held,
+        allocatable=frozenset(msg.allocatable) if msg.allocatable_known else None,
+        unmapped=tuple(msg.unmapped),
     )

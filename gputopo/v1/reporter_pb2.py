@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from gputopo.v1 import topology_pb2 as gputopo_dot_v1_dot_topology__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gputopo/v1/reporter.proto\x12\ngputopo.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19gputopo/v1/topology.proto\"\xac\x02\n\rReportRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12+\n\x07sent_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10\x65xporter_version\x18\x05 \x01(\t\x12\x15\n\rprobe_address\x18\x06 \x01(\t\x12(\n\x08snapshot\x18\n \x01(\x0b\x32\x14.gputopo.v1.SnapshotH\x00\x12\"\n\x05\x64\x65lta\x18\x0b \x01(\x0b\x32\x11.gputopo.v1.DeltaH\x00\x12*\n\theartbeat\x18\x0c \x01(\x0b\x32\x15.gputopo.v1.HeartbeatH\x00\x42\t\n\x07payload\"6\n\x08Snapshot\x12*\n\x08topology\x18\x01 \x01(\x0b\x32\x18.gputopo.v1.NodeTopology\"\xbc\x02\n\x05\x44\x65lta\x12\x1d\n\x04gpus\x18\x01 \x03(\x0b\x32\x0f.gputopo.v1.Gpu\x12\x1d\n\x04nics\x18\x02 \x03(\x0b\x32\x0f.gputopo.v1.Nic\x12\x1f\n\x05links\x18\x03 \x03(\x0b\x32\x10.gputopo.v1.Link\x12*\n\rremoved_links\x18\x04 \x03(\x0b\x32\x13.gputopo.v1.LinkKey\x12*\n\x06\x66\x61\x62ric\x18\x05 \x01(\x0b\x32\x1a.gputopo.v1.FabricPosition\x12$\n\x04nvml\x18\x06 \x01(\x0b\x32\x16.gputopo.v1.NvmlStatus\x12\x10\n\x08problems\x18\x07 \x03(\t\x12\x18\n\x10problems_changed\x18\x08 \x01(\x08\x12*\n\x0bpeer_probes\x18\t \x03(\x0b\x32\x15.gputopo.v1.PeerProbe\"M\n\x07LinkKey\x12 \n\x01\x61\x18\x01 \x01(\x0b\x32\x15.gputopo.v1.DeviceRef\x12 \n\x01\x62\x18\x02 \x01(\x0b\x32\x15.gputopo.v1.DeviceRef\"D\n\tPeerProbe\x12\x0c\n\x04peer\x18\x01 \x01(\t\x12)\n\x08measured\x18\x02 \x01(\x0b\x32\x17.gputopo.v1.Measurement\"\x0b\n\tHeartbeat\"\xe3\x02\n\x0eReportResponse\x12\x31\n\x06status\x18\x01 \x01(\x0e\x32!.gputopo.v1.ReportResponse.Status\x12\x16\n\x0e\x61\x63ked_sequence\x18\x02 \x01(\x04\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x35\n\x12heartbeat_interval\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\rprobe_targets\x18\x05 \x03(\x0b\x32\x17.gputopo.v1.ProbeTarget\x12\x1b\n\x13topology_generation\x18\x06 \x01(\x04\"q\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x13\n\x0fSTATUS_ACCEPTED\x10\x01\x12\x12\n\x0eSTATUS_IGNORED\x10\x02\x12\x11\n\rSTATUS_RESYNC\x10\x03\x12\x13\n\x0fSTATUS_REJECTED\x10\x04\"1\n\x0bProbeTarget\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t2O\n\x08Reporter\x12\x43\n\x06Report\x12\x19.gputopo.v1.ReportRequest\x1a\x1a.gputopo.v1.ReportResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gputopo/v1/reporter.proto\x12\ngputopo.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19gputopo/v1/topology.proto\"\xac\x02\n\rReportRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12+\n\x07sent_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10\x65xporter_version\x18\x05 \x01(\t\x12\x15\n\rprobe_address\x18\x06 \x01(\t\x12(\n\x08snapshot\x18\n \x01(\x0b\x32\x14.gputopo.v1.SnapshotH\x00\x12\"\n\x05\x64\x65lta\x18\x0b \x01(\x0b\x32\x11.gputopo.v1.DeltaH\x00\x12*\n\theartbeat\x18\x0c \x01(\x0b\x32\x15.gputopo.v1.HeartbeatH\x00\x42\t\n\x07payload\"b\n\x08Snapshot\x12*\n\x08topology\x18\x01 \x01(\x0b\x32\x18.gputopo.v1.NodeTopology\x12*\n\x07gpu_use\x18\x02 \x01(\x0b\x32\x19.gputopo.v1.KubeletGpuUse\"\xe8\x02\n\x05\x44\x65lta\x12\x1d\n\x04gpus\x18\x01 \x03(\x0b\x32\x0f.gputopo.v1.Gpu\x12\x1d\n\x04nics\x18\x02 \x03(\x0b\x32\x0f.gputopo.v1.Nic\x12\x1f\n\x05links\x18\x03 \x03(\x0b\x32\x10.gputopo.v1.Link\x12*\n\rremoved_links\x18\x04 \x03(\x0b\x32\x13.gputopo.v1.LinkKey\x12*\n\x06\x66\x61\x62ric\x18\x05 \x01(\x0b\x32\x1a.gputopo.v1.FabricPosition\x12$\n\x04nvml\x18\x06 \x01(\x0b\x32\x16.gputopo.v1.NvmlStatus\x12\x10\n\x08problems\x18\x07 \x03(\t\x12\x18\n\x10problems_changed\x18\x08 \x01(\x08\x12*\n\x0bpeer_probes\x18\t \x03(\x0b\x32\x15.gputopo.v1.PeerProbe\x12*\n\x07gpu_use\x18\n \x01(\x0b\x32\x19.gputopo.v1.KubeletGpuUse\"M\n\x07LinkKey\x12 \n\x01\x61\x18\x01 \x01(\x0b\x32\x15.gputopo.v1.DeviceRef\x12 \n\x01\x62\x18\x02 \x01(\x0b\x32\x15.gputopo.v1.DeviceRef\"D\n\tPeerProbe\x12\x0c\n\x04peer\x18\x01 \x01(\t\x12)\n\x08measured\x18\x02 \x01(\x0b\x32\x17.gputopo.v1.Measurement\"\x0b\n\tHeartbeat\"\xe3\x02\n\x0eReportResponse\x12\x31\n\x06status\x18\x01 \x01(\x0e\x32!.gputopo.v1.ReportResponse.Status\x12\x16\n\x0e\x61\x63ked_sequence\x18\x02 \x01(\x04\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x35\n\x12heartbeat_interval\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\rprobe_targets\x18\x05 \x03(\x0b\x32\x17.gputopo.v1.ProbeTarget\x12\x1b\n\x13topology_generation\x18\x06 \x01(\x04\"q\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x13\n\x0fSTATUS_ACCEPTED\x10\x01\x12\x12\n\x0eSTATUS_IGNORED\x10\x02\x12\x11\n\rSTATUS_RESYNC\x10\x03\x12\x13\n\x0fSTATUS_REJECTED\x10\x04\"1\n\x0bProbeTarget\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\x95\x01\n\rKubeletGpuUse\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12#\n\x04held\x18\x03 \x03(\x0b\x32\x15.gputopo.v1.GpuHolder\x12\x13\n\x0b\x61llocatable\x18\x04 \x03(\r\x12\x19\n\x11\x61llocatable_known\x18\x05 \x01(\x08\x12\x10\n\x08unmapped\x18\x06 \x03(\t\"X\n\tGpuHolder\x12\x0b\n\x03gpu\x18\x01 \x01(\r\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0b\n\x03pod\x18\x03 \x01(\t\x12\x11\n\tcontainer\x18\x04 \x01(\t\x12\x0b\n\x03via\x18\x05 \x01(\t2O\n\x08Reporter\x12\x43\n\x06Report\x12\x19.gputopo.v1.ReportRequest\x1a\x1a.gputopo.v1.ReportResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,21 +37,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPORTREQUEST']._serialized_start=134
   _globals['_REPORTREQUEST']._serialized_end=434
   _globals['_SNAPSHOT']._serialized_start=436
-  _globals['_SNAPSHOT']._serialized_end=490
-  _globals['_DELTA']._serialized_start=493
-  _globals['_DELTA']._serialized_end=809
-  _globals['_LINKKEY']._serialized_start=811
-  _globals['_LINKKEY']._serialized_end=888
-  _globals['_PEERPROBE']._serialized_start=890
-  _globals['_PEERPROBE']._serialized_end=958
-  _globals['_HEARTBEAT']._serialized_start=960
-  _globals['_HEARTBEAT']._serialized_end=971
-  _globals['_REPORTRESPONSE']._serialized_start=974
-  _globals['_REPORTRESPONSE']._serialized_end=1329
-  _globals['_REPORTRESPONSE_STATUS']._serialized_start=1216
-  _globals['_REPORTRESPONSE_STATUS']._serialized_end=1329
-  _globals['_PROBETARGET']._serialized_start=1331
-  _globals['_PROBETARGET']._serialized_end=1380
-  _globals['_REPORTER']._serialized_start=1382
-  _globals['_REPORTER']._serialized_end=1461
+  _globals['_SNAPSHOT']._serialized_end=534
+  _globals['_DELTA']._serialized_start=537
+  _globals['_DELTA']._serialized_end=897
+  _globals['_LINKKEY']._serialized_start=899
+  _globals['_LINKKEY']._serialized_end=976
+  _globals['_PEERPROBE']._serialized_start=978
+  _globals['_PEERPROBE']._serialized_end=1046
+  _globals['_HEARTBEAT']._serialized_start=1048
+  _globals['_HEARTBEAT']._serialized_end=1059
+  _globals['_REPORTRESPONSE']._serialized_start=1062
+  _globals['_REPORTRESPONSE']._serialized_end=1417
+  _globals['_REPORTRESPONSE_STATUS']._serialized_start=1304
+  _globals['_REPORTRESPONSE_STATUS']._serialized_end=1417
+  _globals['_PROBETARGET']._serialized_start=1419
+  _globals['_PROBETARGET']._serialized_end=1468
+  _globals['_KUBELETGPUUSE']._serialized_start=1471
+  _globals['_KUBELETGPUUSE']._serialized_end=1620
+  _globals['_GPUHOLDER']._serialized_start=1622
+  _globals['_GPUHOLDER']._serialized_end=1710
+  _globals['_REPORTER']._serialized_start=1712
+  _globals['_REPORTER']._serialized_end=1791
 # @@protoc_insertion_point(module_scope)

@@ -92,16 +92,22 @@ class Snapshot(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TOPOLOGY_FIELD_NUMBER: _builtins.int
+    GPU_USE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def topology(self) -> _topology_pb2.NodeTopology: ...
+    @_builtins.property
+    def gpu_use(self) -> Global___KubeletGpuUse:
+        """What the kubelet says is held; absent when the exporter does not read the kubelet."""
+
     def __init__(
         self,
         *,
         topology: _topology_pb2.NodeTopology | None = ...,
+        gpu_use: Global___KubeletGpuUse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["topology", b"topology"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["gpu_use", b"gpu_use", "topology", b"topology"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["topology", b"topology"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_use", b"gpu_use", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -124,6 +130,7 @@ class Delta(_message.Message):
     PROBLEMS_FIELD_NUMBER: _builtins.int
     PROBLEMS_CHANGED_FIELD_NUMBER: _builtins.int
     PEER_PROBES_FIELD_NUMBER: _builtins.int
+    GPU_USE_FIELD_NUMBER: _builtins.int
     problems_changed: _builtins.bool
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[_topology_pb2.Gpu]: ...
@@ -149,6 +156,10 @@ class Delta(_message.Message):
     def peer_probes(self) -> _containers.RepeatedCompositeFieldContainer[Global___PeerProbe]:
         """Peer network probes (node name -> measurement), for tiers inferred from probes."""
 
+    @_builtins.property
+    def gpu_use(self) -> Global___KubeletGpuUse:
+        """Replaces what the kubelet says is held, when present (sent when it changed)."""
+
     def __init__(
         self,
         *,
@@ -161,10 +172,11 @@ class Delta(_message.Message):
         problems: _abc.Iterable[_builtins.str] | None = ...,
         problems_changed: _builtins.bool = ...,
         peer_probes: _abc.Iterable[Global___PeerProbe] | None = ...,
+        gpu_use: Global___KubeletGpuUse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["fabric", b"fabric", "nvml", b"nvml"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fabric", b"fabric", "gpu_use", b"gpu_use", "nvml", b"nvml"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fabric", b"fabric", "gpus", b"gpus", "links", b"links", "nics", b"nics", "nvml", b"nvml", "peer_probes", b"peer_probes", "problems", b"problems", "problems_changed", b"problems_changed", "removed_links", b"removed_links"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fabric", b"fabric", "gpu_use", b"gpu_use", "gpus", b"gpus", "links", b"links", "nics", b"nics", "nvml", b"nvml", "peer_probes", b"peer_probes", "problems", b"problems", "problems_changed", b"problems_changed", "removed_links", b"removed_links"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -319,3 +331,83 @@ class ProbeTarget(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ProbeTarget: _TypeAlias = ProbeTarget  # noqa: Y015
+
+@_typing.final
+class KubeletGpuUse(_message.Message):
+    """Which GPUs of the node the kubelet has handed to containers, read from its PodResources API.
+    The aggregator takes these GPUs out of the node's free ones.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KNOWN_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
+    ALLOCATABLE_FIELD_NUMBER: _builtins.int
+    ALLOCATABLE_KNOWN_FIELD_NUMBER: _builtins.int
+    UNMAPPED_FIELD_NUMBER: _builtins.int
+    known: _builtins.bool
+    """False when the kubelet could not be asked; `reason` says why and nothing else is known."""
+    reason: _builtins.str
+    allocatable_known: _builtins.bool
+    @_builtins.property
+    def held(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuHolder]: ...
+    @_builtins.property
+    def allocatable(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """GPUs the kubelet can allocate at all; absent with an older kubelet (allocatable_known false)."""
+
+    @_builtins.property
+    def unmapped(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Devices of GPU resources that name no GPU of this node (MIG slices, other drivers' names)."""
+
+    def __init__(
+        self,
+        *,
+        known: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        held: _abc.Iterable[Global___GpuHolder] | None = ...,
+        allocatable: _abc.Iterable[_builtins.int] | None = ...,
+        allocatable_known: _builtins.bool = ...,
+        unmapped: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocatable", b"allocatable", "allocatable_known", b"allocatable_known", "held", b"held", "known", b"known", "reason", b"reason", "unmapped", b"unmapped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KubeletGpuUse: _TypeAlias = KubeletGpuUse  # noqa: Y015
+
+@_typing.final
+class GpuHolder(_message.Message):
+    """A GPU a container holds."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GPU_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    POD_FIELD_NUMBER: _builtins.int
+    CONTAINER_FIELD_NUMBER: _builtins.int
+    VIA_FIELD_NUMBER: _builtins.int
+    gpu: _builtins.int
+    namespace: _builtins.str
+    pod: _builtins.str
+    container: _builtins.str
+    via: _builtins.str
+    """The resource name (nvidia.com/gpu) or the DRA claim ("claim NAMESPACE/NAME")."""
+    def __init__(
+        self,
+        *,
+        gpu: _builtins.int = ...,
+        namespace: _builtins.str = ...,
+        pod: _builtins.str = ...,
+        container: _builtins.str = ...,
+        via: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["container", b"container", "gpu", b"gpu", "namespace", b"namespace", "pod", b"pod", "via", b"via"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GpuHolder: _TypeAlias = GpuHolder  # noqa: Y015

@@ -9,6 +9,7 @@ import pytest
 
 from aggregator.occupancy import Occupancy, PodUse, pod_gpus, pod_use
 from aggregator.state import ClusterState
+from gputopo.gpu_use import GpuHolder, GpuUse
 from gputopo.placement.result import PlacementResult, PodPlacement
 from tests.builders import pcie_node
 
@@ -126,4 +127,25 @@ def test_a_pod_of_a_live_reservation_is_not_counted_twice() -> None:
     state.pod_seen(pod("a", gpus=4, reservation=held.id))
     assert state.snapshot().node("n1").free == frozenset({4, 5, 6, 7})
     state.release(held.id)  # the reservation is gone, the pod still runs: it counts now
+    assert len(state.snapshot().node("n1").free) == 4
+
+
+def test_the_kubelets_exact_gpus_win_and_a_pod_it_has_not_reported_yet_still_counts() -> None:
+    state = _state_with_node()
+    state.pod_seen(pod("a", gpus=2))
+    state.pod_seen(pod("b", gpus=2))  # bound, but the kubelet has not reported it yet
+    state.set_kubelet_use(
+        "n1",
+        GpuUse(
+            held={
+                0: GpuHolder("team-a", "a", "c", "nvidia.com/gpu"),
+                3: GpuHolder("team-a", "a", "c", "nvidia.com/gpu"),
+            }
+        ),
+    )
+    # a holds 0 and 3 exactly; b's 2 GPUs are counted: the two highest free ones are left out
+    assert state.snapshot().node("n1").free == frozenset({1, 2, 4, 5})
+    state.set_kubelet_use("n1", GpuUse(reason="kubelet List: UNAVAILABLE"))
+    assert len(state.snapshot().node("n1").free) == 4  # unknown: back to counting both pods
+    state.set_kubelet_use("n1", None)
     assert len(state.snapshot().node("n1").free) == 4

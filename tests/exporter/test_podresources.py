@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
+from aggregator.server import Aggregator, AggregatorConfig
 from exporter.fake_machine import FakeMachine
-from exporter.podresources import GpuHolder, PodResourcesReader
+from exporter.podresources import PodResourcesReader
+from gputopo.gpu_use import GpuHolder
 from gputopo.topology import NodeTopology
 from gputopo.v1 import podresources_pb2 as pb
 from gputopo.v1 import podresources_pb2_grpc as pb_grpc
+from tests.exporter.conftest import FakeNode
+from tests.exporter.test_agent import fake_agent, until
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +169,61 @@ def test_a_dead_socket_is_a_reason_not_a_crash(dgx: NodeTopology, socket_path: P
     use = asyncio.run(PodResourcesReader(socket_path, timeout_s=2).read(dgx))
     assert not use.known
     assert use.reason.startswith("kubelet List: UNAVAILABLE")
+
+
+def test_the_kubelets_answer_reaches_the_aggregator_and_leaves_exactly_those_gpus_out(
+    fake_node: Callable[..., FakeNode], socket_path: Path
+) -> None:
+    """Exporter -> report stream -> aggregator: GPUs 2 and 5 held by a pod are not free there,
+    and come back when the kubelet says they are released."""
+    node = fake_node("dgx-h100", node_name="h100-01")
+    uuids = [g.uuid for g in node.machine.topology.gpus]
+    holding = pb.ListPodResourcesResponse(
+        pod_resources=[
+            _pod(
+                "train-0",
+                pb.ContainerResources(
+                    name="worker",
+                    devices=[
+                        pb.ContainerDevices(
+                            resource_name="nvidia.com/gpu", device_ids=[uuids[2], uuids[5]]
+                        )
+                    ],
+                ),
+            )
+        ]
+    )
+    kubelet = Kubelet(holding, None)
+
+    async def scenario() -> None:
+        server = grpc.aio.server()
+        pb_grpc.add_PodResourcesListerServicer_to_server(kubelet, server)
+        server.add_insecure_port(f"unix://{socket_path}")
+        await server.start()
+        aggregator = Aggregator(AggregatorConfig(heartbeat_interval_s=0.2))
+        await aggregator.start()
+        try:
+            async with fake_agent(
+                node,
+                aggregator.grpc_target,
+                pod_resources_socket=socket_path,
+                pod_resources_interval_s=0.1,
+            ):
+                state = aggregator.state
+
+                def held() -> bool:
+                    return state.free_gpus("h100-01") == frozenset({0, 1, 3, 4, 6, 7})
+
+                await until(held, what="the kubelet's GPUs left out")
+                use = state.kubelet_use("h100-01")
+                assert use is not None
+                assert use.held[5].pod_key == "team-a/train-0"
+                kubelet.listed = pb.ListPodResourcesResponse()  # the pod ended
+                await until(
+                    lambda: len(state.free_gpus("h100-01")) == 8, what="the GPUs given back"
+                )
+        finally:
+            await aggregator.stop()
+            await server.stop(0)
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 HELP = "run the node exporter: discover and probe this node's GPU topology, serve metrics, report"
 
@@ -36,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sysfs-root", default="/sys", help="where sysfs is mounted (default %(default)s)"
     )
     parser.add_argument(
+        "--pod-resources-socket",
+        default=None,
+        metavar="PATH",
+        help="the kubelet's PodResources socket, read for which GPUs pods hold (default "
+        "/var/lib/kubelet/pod-resources/kubelet.sock; with --simulate none; '' turns it off)",
+    )
+    parser.add_argument(
         "--discovery-interval", type=float, default=60.0, metavar="SECONDS", help="default 60"
     )
     parser.add_argument(
@@ -65,7 +73,6 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import tempfile
     from contextlib import ExitStack
-    from pathlib import Path
 
     from exporter.agent import Agent, AgentConfig
     from exporter.nvml import Nvml
@@ -104,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
             probe_port=args.probe_port,
             probe_advertise=args.probe_address,
             sysfs_root=sysfs_root,
+            pod_resources_socket=_pod_resources_socket(args.pod_resources_socket, args.simulate),
             machine=machine,
             discovery_interval_s=args.discovery_interval,
             gpu_probes=not args.no_gpu_probes and not args.simulate,
@@ -132,3 +140,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"gputopo exporter: {error}", file=sys.stderr)
             return 1
     return 0
+
+
+def _pod_resources_socket(given: str | None, simulate: str) -> Path | None:
+    """The kubelet socket to read: the one given ('' for none), else the kubelet's default
+    unless the machine is simulated (a simulated node has no kubelet of its own)."""
+    from exporter.podresources import DEFAULT_SOCKET
+
+    if given is not None:
+        return Path(given) if given else None
+    return None if simulate else DEFAULT_SOCKET
