@@ -81,7 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="talk to this cluster (default: none; see --in-cluster)",
     )
     kube.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
-    kube.add_argument("--no-labels", action="store_true", help="do not publish node labels")
+    kube.add_argument(
+        "--no-labels",
+        action="store_true",
+        help="do not publish node labels (Node objects are still read, on every replica)",
+    )
     kube.add_argument(
         "--dry-run",
         action="store_true",
