@@ -33,6 +33,7 @@ predicted collective on its best free GPUs, and damage to whole free nodes and d
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -71,7 +72,7 @@ def _error(status: grpc.StatusCode, message: str) -> web.Response:
 
 
 def _mirror(
-    handler: Callable[[Any], Message], message_type: type[Message]
+    handler: Callable[[Any], Message | Awaitable[Message]], message_type: type[Message]
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     """An aiohttp handler that parses `message_type` from JSON, calls `handler`, answers JSON."""
 
@@ -85,7 +86,10 @@ def _mirror(
         except json_format.ParseError as err:
             return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body: {err}")
         try:
-            return web.json_response(_to_json(handler(msg)))
+            answer = handler(msg)
+            if inspect.isawaitable(answer):
+                answer = await answer
+            return web.json_response(_to_json(answer))
         except PlacementError as err:
             return _error(err.status, err.message)
 
@@ -227,9 +231,11 @@ def _group(annotations: Mapping[str, str], gpus: int) -> Group:
 
 def add_placement_routes(app: web.Application, service: PlacementService) -> None:
     """Serve the JSON mirror and the extender verbs from `app` (see the module docstring)."""
-    app.router.add_post("/api/v1/placement/place", _mirror(service.place, ppb.PlaceRequest))
-    app.router.add_post("/api/v1/placement/commit", _mirror(service.commit, ppb.CommitRequest))
-    app.router.add_post("/api/v1/placement/release", _mirror(service.release, ppb.ReleaseRequest))
+    app.router.add_post("/api/v1/placement/place", _mirror(service.place_kept, ppb.PlaceRequest))
+    app.router.add_post("/api/v1/placement/commit", _mirror(service.commit_kept, ppb.CommitRequest))
+    app.router.add_post(
+        "/api/v1/placement/release", _mirror(service.release_kept, ppb.ReleaseRequest)
+    )
     app.router.add_post("/api/v1/placement/explain", _mirror(service.explain, ppb.ExplainRequest))
     extender = _Extender(service)
     app.router.add_post("/scheduler/filter", extender.filter)

@@ -39,6 +39,7 @@ from aggregator.metrics import AggregatorCollector, Sources
 from aggregator.nodewatch import NodeWatcher
 from aggregator.podwatch import PodWatcher
 from aggregator.probes import ProbeCoordinator
+from aggregator.promises import KubePromises
 from aggregator.publisher import LabelPublisher, PublisherConfig, node_facts
 from aggregator.schedwriter import SchedulerObjectWriter
 from aggregator.service import PlacementService
@@ -69,6 +70,9 @@ class KubeOptions:
     identity: str = ""
     pod_name: str = ""
     pod_namespace: str = ""
+    # Keep reservations as GpuReservation objects in this namespace (aggregator.promises);
+    # "" keeps them in memory only, and a restart forgets them.
+    reservations_namespace: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,14 +126,21 @@ class Aggregator:
             probes=self.probes,
             wall_clock=clock,
         )
+        opts = config.kube
+        self.promises = (
+            KubePromises(kube, opts.reservations_namespace)
+            if kube is not None and opts.reservations_namespace
+            else None
+        )
         self.placement = PlacementService(
             self.state,
             clock=clock,
             default_ttl_s=config.reservation_ttl_s,
             default_policy=config.default_policy,
+            promises=self.promises,
+            may_reserve=lambda: self.leading,
         )
         self.kube = kube
-        opts = config.kube
         # Node objects are read on every replica, leader or not, labels published or not.
         self.nodes = (
             NodeWatcher(self.state, kube, scheme=opts.publisher.scheme)
@@ -250,7 +261,9 @@ class Aggregator:
         )
 
     async def _lead(self) -> None:
-        """Start the writers (this replica leads, or there is no election)."""
+        """Restore the promises, then start the writers (this replica leads, or there is no
+        election)."""
+        await self._restore()
         if self.publisher is not None:
             self._writers.append(asyncio.create_task(self.publisher.run(), name="labels"))
         if self.scheduler_objects is not None:
@@ -261,8 +274,35 @@ class Aggregator:
 
     async def _follow(self) -> None:
         """Stop the writers: another replica leads now (or we are shutting down)."""
+        if self.promises is not None:
+            self.placement.ready.clear()  # restored afresh should this replica lead again
         await self._drop_writers()
         await self._mark_pod(leader=False)
+
+    async def _restore(self) -> None:
+        """Make the book what the stored reservations say, then let reserving calls in.
+
+        Retries until it succeeds: answering before would hand out GPUs already promised.
+        """
+        if self.promises is None:
+            return
+        attempt = 0
+        while True:
+            try:
+                stored = await self.promises.load(now=self.clock())
+                break
+            except KubeError as err:
+                delay = min(0.5 * 2**attempt, 10.0)
+                attempt += 1
+                log.warning("cannot load stored reservations (%s); again in %.1fs", err, delay)
+                await asyncio.sleep(delay)
+        keep = {r.id for r in stored}
+        for old in self.state.reservations():
+            if old.id not in keep:  # released or expired while another replica led
+                self.state.release(old.id)
+        self.state.restore(stored)
+        self.placement.ready.set()
+        log.info("restored %d reservation(s) from the API server", len(stored))
 
     async def _mark_pod(self, *, leader: bool) -> None:
         opts = self.config.kube
@@ -294,6 +334,11 @@ class Aggregator:
             flipped = self.state.check_stale()
             if expired:
                 log.info("expired %d reservation(s)", expired)
+            if self.promises is not None and self.leading and self.placement.ready.is_set():
+                try:  # expired ones leave the API server too (and failed deletes are retried)
+                    await self.promises.sync(r.id for r in self.state.reservations())
+                except KubeError as err:
+                    log.warning("cannot delete expired reservations yet: %s", err)
             for node in flipped:
                 log.warning(
                     "node %s is %s",

@@ -13,13 +13,16 @@ with the reason and the rejected domains.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import grpc
 
 from aggregator.changes import ChangeEvent, ChangeKind
+from aggregator.promises import KubePromises
 from aggregator.state import ClusterState
 from gputopo.cluster import ClusterSnapshot
 from gputopo.codec import (
@@ -33,6 +36,7 @@ from gputopo.codec import (
 from gputopo.placement import PlacementResult, UnknownPolicyError, place
 from gputopo.request import RequestError
 from gputopo.reservations import Reservation, ReservationError
+from gputopo.runtime.kube import KubeError
 from gputopo.v1 import placement_pb2 as ppb
 from gputopo.v1 import placement_pb2_grpc as pgrpc
 from gputopo.v1 import topology_pb2 as tpb
@@ -47,6 +51,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_RESERVATION_TTL_S = 60.0
+# How long a call that reserves waits for reservations to be restored after a start or failover.
+_READY_WAIT_S = 10.0
 # A watcher that falls this many events behind is told to resync rather than buffering forever.
 _WATCH_QUEUE = 1024
 
@@ -105,13 +111,16 @@ _Resp = TypeVar("_Resp")
 
 
 async def _answer(
-    work: Callable[[_Req], _Resp],
+    work: Callable[[_Req], _Resp | Awaitable[_Resp]],
     request: _Req,
     context: grpc.aio.ServicerContext[_Req, _Resp],
 ) -> _Resp:
     """Run one call's work; a `PlacementError` ends the call with its status and message."""
     try:
-        return work(request)
+        answer = work(request)
+        if inspect.isawaitable(answer):
+            return await answer
+        return answer
     except PlacementError as err:
         await context.abort(err.status, err.message)
 
@@ -132,11 +141,20 @@ class PlacementService(pgrpc.PlacementServicer):
         clock: Callable[[], float],
         default_ttl_s: float = DEFAULT_RESERVATION_TTL_S,
         default_policy: str | None = None,
+        promises: KubePromises | None = None,
+        may_reserve: Callable[[], bool] = lambda: True,
     ) -> None:
         self._state = state
         self._clock = clock
         self._ttl = default_ttl_s
         self._policy = default_policy
+        self.promises = promises
+        self._may_reserve = may_reserve
+        # Set once reservations are restored (at once without a durable store): until then
+        # no Place that reserves, Commit or Release is answered.
+        self.ready = asyncio.Event()
+        if promises is None:
+            self.ready.set()
 
     @property
     def state(self) -> ClusterState:
@@ -227,6 +245,68 @@ class PlacementService(pgrpc.PlacementServicer):
             ) from None
         return ppb.ReleaseResponse(released=True, gpus_freed=res.gpu_count)
 
+    # --- the same, kept: what is promised is stored before it is said (aggregator.promises) ----
+
+    async def _writable(self) -> None:
+        if not self._may_reserve():
+            raise PlacementError(
+                grpc.StatusCode.UNAVAILABLE,
+                "this replica is not the leader: reserve, commit and release through the"
+                " leader's Service",
+            )
+        try:
+            await asyncio.wait_for(self.ready.wait(), _READY_WAIT_S)
+        except TimeoutError:
+            raise PlacementError(
+                grpc.StatusCode.UNAVAILABLE, "reservations are still being restored"
+            ) from None
+
+    async def place_kept(self, request: ppb.PlaceRequest) -> ppb.PlaceResponse:
+        """`place`, with the reservation stored before the answer names it."""
+        if request.dry_run:
+            return self.place(request)
+        await self._writable()
+        resp = self.place(request)
+        if self.promises is not None and resp.HasField("reservation"):
+            held = self._state.reservation(resp.reservation.id)
+            if held is not None:
+                try:
+                    await self.promises.put(held)
+                except KubeError as err:
+                    with contextlib.suppress(ReservationError):
+                        self._state.release(held.id)
+                    raise PlacementError(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"the reservation could not be stored, so it was not made: {err}",
+                    ) from None
+        return resp
+
+    async def commit_kept(self, request: ppb.CommitRequest) -> ppb.CommitResponse:
+        """`commit`, stored before it is answered."""
+        await self._writable()
+        resp = self.commit(request)
+        held = self._state.reservation(request.reservation_id)
+        if self.promises is not None and held is not None:
+            try:
+                await self.promises.put(held)
+            except KubeError as err:
+                raise PlacementError(
+                    grpc.StatusCode.UNAVAILABLE, f"the commitment could not be stored: {err}"
+                ) from None
+        return resp
+
+    async def release_kept(self, request: ppb.ReleaseRequest) -> ppb.ReleaseResponse:
+        """`release`, the stored reservation deleted first (a failed delete frees nothing)."""
+        await self._writable()
+        if self.promises is not None and self._state.reservation(request.reservation_id):
+            try:
+                await self.promises.delete(request.reservation_id)
+            except KubeError as err:
+                raise PlacementError(
+                    grpc.StatusCode.UNAVAILABLE, f"the release could not be stored: {err}"
+                ) from None
+        return self.release(request)
+
     def explain(self, request: ppb.ExplainRequest) -> ppb.PlaceResponse:
         """A dry run with its reasons, or the figures of an existing reservation."""
         subject = request.WhichOneof("subject")
@@ -269,24 +349,24 @@ class PlacementService(pgrpc.PlacementServicer):
         request: ppb.PlaceRequest,
         context: grpc.aio.ServicerContext[ppb.PlaceRequest, ppb.PlaceResponse],
     ) -> ppb.PlaceResponse:
-        """See `place`."""
-        return await _answer(self.place, request, context)
+        """See `place_kept`."""
+        return await _answer(self.place_kept, request, context)
 
     async def Commit(  # noqa: N802
         self,
         request: ppb.CommitRequest,
         context: grpc.aio.ServicerContext[ppb.CommitRequest, ppb.CommitResponse],
     ) -> ppb.CommitResponse:
-        """See `commit`."""
-        return await _answer(self.commit, request, context)
+        """See `commit_kept`."""
+        return await _answer(self.commit_kept, request, context)
 
     async def Release(  # noqa: N802
         self,
         request: ppb.ReleaseRequest,
         context: grpc.aio.ServicerContext[ppb.ReleaseRequest, ppb.ReleaseResponse],
     ) -> ppb.ReleaseResponse:
-        """See `release`."""
-        return await _answer(self.release, request, context)
+        """See `release_kept`."""
+        return await _answer(self.release_kept, request, context)
 
     async def Explain(  # noqa: N802
         self,

@@ -10,8 +10,11 @@ import pytest
 import yaml
 
 from aggregator.server import LEADER_POD_LABEL, KubeOptions
+from gputopo.request import request_from_mapping
+from gputopo.runtime import grpcio
 from gputopo.runtime.kube import KubeClient, KubeError
 from gputopo.runtime.leader import LeaseConfig
+from gputopo.runtime.placement_client import PlacementClient
 from tests.aggregator.kubeutil import (
     aggregator,
     create_nodes,
@@ -29,6 +32,9 @@ from tests.harness.kube_scope import KubeScope
 
 DEPLOY = Path(__file__).parent.parent.parent / "deploy" / "aggregator"
 NAME = "gputopo-aggregator"
+EIGHT = request_from_mapping(
+    {"job": "tp8", "groups": [{"name": "tp", "pods": 1, "gpus_per_pod": 8}]}
+)
 
 
 def manifests() -> list[dict[str, Any]]:
@@ -49,6 +55,7 @@ def test_the_kustomization_lists_every_manifest_and_the_parts_fit() -> None:
     assert kinds == sorted(
         [
             "Namespace",
+            "CustomResourceDefinition",
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
@@ -81,8 +88,8 @@ def _install(scope: KubeScope, kube: KubeApiServer) -> str:
     with kube.json_session() as session:
         for original in manifests():
             kind = original["kind"]
-            if kind in {"Namespace", "Deployment", "Service"}:
-                continue
+            if kind in {"Namespace", "Deployment", "Service", "CustomResourceDefinition"}:
+                continue  # the CRD is installed by install_crds, for the scope's cleanup
             doc = {**original, "metadata": {**original["metadata"]}}
             if kind.startswith("Cluster"):
                 doc["metadata"]["name"] = scope.name(NAME)
@@ -121,7 +128,12 @@ def test_the_workloads_pass_the_api_servers_validation(
 def test_the_aggregator_works_as_its_service_account_and_is_refused_the_rest(
     kube_apiserver: KubeApiServer, kube_scope: KubeScope
 ) -> None:
-    install_crds(kube_scope, "kueue-topologies.yaml", "volcano-hypernodes.yaml")
+    install_crds(
+        kube_scope,
+        "kueue-topologies.yaml",
+        "volcano-hypernodes.yaml",
+        str(DEPLOY / "crd-gpureservations.yaml"),
+    )
     account = _install(kube_scope, kube_apiserver)
     topologies = fabric_cluster(
         spines=1, leaves_per_spine=2, nodes_per_leaf=2, prefix=kube_scope.name("g")
@@ -141,6 +153,7 @@ def test_the_aggregator_works_as_its_service_account_and_is_refused_the_rest(
         identity=pod,
         pod_name=pod,
         pod_namespace=kube_scope.namespace,
+        reservations_namespace=kube_scope.namespace,
     )
 
     async def body() -> None:
@@ -158,6 +171,16 @@ def test_the_aggregator_works_as_its_service_account_and_is_refused_the_rest(
                 await writer.sync()
                 assert writer.writes >= 2
                 assert writer.missing_crds == set()
+                # Promises are kept as GpuReservations: create, patch, list, delete all allowed.
+                await eventually(
+                    lambda: _true(agg.placement.ready.is_set()), timeout_s=10, what="restored"
+                )
+                async with grpcio.channel(agg.grpc_target) as channel:
+                    client_ = PlacementClient(channel)
+                    held = await client_.place(EIGHT)  # type: ignore[arg-type]
+                    assert held.reservation is not None
+                    await client_.commit(held.reservation.id, owner="binder")
+                    await client_.release(held.reservation.id)
             with kube_apiserver.json_session() as session:
                 got = session.request(
                     "GET", f"/api/v1/namespaces/{kube_scope.namespace}/pods/{pod}"

@@ -123,6 +123,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         help="Lease namespace (default: $POD_NAMESPACE, else default)",
     )
+    kube.add_argument(
+        "--reservations-namespace",
+        default="",
+        metavar="NAMESPACE",
+        help="keep reservations as GpuReservation objects here, so a restart or failover loses"
+        " none (needs the CRD in deploy/aggregator); default: in memory only",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -159,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
         identity=pod_name or socket.gethostname(),
         pod_name=pod_name,
         pod_namespace=pod_namespace,
+        reservations_namespace=args.reservations_namespace,
     )
     config = AggregatorConfig(
         grpc_host=args.host,

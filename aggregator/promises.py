@@ -1,0 +1,156 @@
+"""Reservations kept in the API server (GpuReservation objects), so no promise dies with a process.
+
+A restart used to forget every reservation: pods pinned to one could never schedule, and the
+GPUs were handed out again. Now each reservation is a `gputopo.io/v1alpha1` GpuReservation in
+the aggregator's namespace (CRD in `deploy/aggregator/crd-gpureservations.yaml`), named by its id:
+
+1. Place writes the object before it answers with the id (`put`); if the write fails, the
+   reservation is dropped and the caller told UNAVAILABLE: an id a caller holds is always stored.
+   Commit patches it (committed, owner) before answering; Release deletes it before answering.
+2. A replica that starts to lead (or runs alone) loads every object (`load`) and restores the
+   live ones before it answers its first Place, Commit or Release; expired ones are deleted.
+3. Expiry happens in memory first (the GPUs are free at once); `sync` then deletes the objects of
+   reservations the book no longer has, so a failed delete is retried, not forgotten.
+
+The book (`gputopo.reservations`) stays in memory and synchronous, so a decision still runs from
+snapshot to reservation in one turn of the event loop; only the answer waits for the write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import quote
+
+from google.protobuf import json_format
+
+from gputopo.codec import result_from_proto, result_to_proto
+from gputopo.reservations import Reservation
+from gputopo.runtime.kube import MERGE_PATCH, ConflictError, KubeClient, NotFoundError
+from gputopo.v1 import placement_pb2 as ppb
+
+__all__ = [
+    "API_VERSION",
+    "KIND",
+    "KubePromises",
+    "reservation_from_object",
+    "reservation_to_object",
+]
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "gputopo.io/v1alpha1"
+KIND = "GpuReservation"
+_PLURAL = "gpureservations"
+
+
+def reservation_to_object(res: Reservation, namespace: str) -> dict[str, Any]:
+    """A reservation as a GpuReservation object."""
+    spec: dict[str, Any] = {
+        "gpus": {node: sorted(gpus) for node, gpus in sorted(res.gpus.items())},
+        "committed": res.committed,
+    }
+    # Empty strings are left out: the generated client sends them as null, which the schema
+    # (type: string) refuses.
+    spec |= {key: value for key, value in (("owner", res.owner), ("job", res.job)) if value}
+    if res.expires_at is not None:
+        spec["expiresAt"] = res.expires_at
+    if res.result is not None:
+        spec["placement"] = json_format.MessageToJson(
+            result_to_proto(res.result), indent=None, preserving_proto_field_name=True
+        )
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {
+            "name": res.id,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": "gputopo"},
+        },
+        "spec": spec,
+    }
+
+
+def reservation_from_object(obj: Mapping[str, Any]) -> Reservation:
+    """A GpuReservation object as a reservation; ValueError naming the field if malformed."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    rid = str(meta.get("name", ""))
+    if not rid:
+        raise ValueError("metadata.name: missing")
+    gpus: dict[str, frozenset[int]] = {}
+    for node, indices in (spec.get("gpus") or {}).items():
+        if not isinstance(indices, list) or not all(isinstance(i, int) for i in indices):
+            raise ValueError(f"spec.gpus.{node}: not a list of GPU indices")
+        gpus[str(node)] = frozenset(indices)
+    committed = bool(spec.get("committed"))
+    expires = spec.get("expiresAt")
+    if not committed and not isinstance(expires, int | float):
+        raise ValueError("spec.expiresAt: required until committed")
+    result = None
+    if spec.get("placement"):
+        result = result_from_proto(json_format.Parse(spec["placement"], ppb.PlaceResponse()))
+    return Reservation(
+        id=rid,
+        gpus=gpus,
+        expires_at=None if committed else float(expires),  # type: ignore[arg-type]
+        owner=str(spec.get("owner", "")),
+        job=str(spec.get("job", "")),
+        result=result,
+    )
+
+
+class KubePromises:
+    """Reservations as GpuReservation objects in one namespace (see the module docstring)."""
+
+    def __init__(self, kube: KubeClient, namespace: str) -> None:
+        self._kube = kube
+        self.namespace = namespace
+        self._path = f"/apis/gputopo.io/v1alpha1/namespaces/{quote(namespace)}/{_PLURAL}"
+        self.stored: set[str] = set()
+
+    async def put(self, res: Reservation) -> None:
+        """Create the object, or patch it when it exists (Commit)."""
+        body = reservation_to_object(res, self.namespace)
+        try:
+            await self._kube.request("POST", self._path, body=body)
+        except ConflictError:
+            patch = {"spec": body["spec"] | {"expiresAt": body["spec"].get("expiresAt")}}
+            await self._kube.request(
+                "PATCH", f"{self._path}/{quote(res.id)}", body=patch, content_type=MERGE_PATCH
+            )
+        self.stored.add(res.id)
+
+    async def delete(self, rid: str) -> None:
+        """Delete the object (already gone is fine)."""
+        with contextlib.suppress(NotFoundError):
+            await self._kube.request("DELETE", f"{self._path}/{quote(rid)}")
+        self.stored.discard(rid)
+
+    async def load(self, *, now: float) -> list[Reservation]:
+        """Every live reservation stored; expired and malformed objects are deleted."""
+        items, _ = await self._kube.list_all(self._path)
+        live = []
+        for obj in items:
+            name = str((obj.get("metadata") or {}).get("name", ""))
+            try:
+                res = reservation_from_object(obj)
+            except ValueError as err:
+                log.warning("GpuReservation %s is malformed (%s): deleting it", name, err)
+                await self.delete(name)
+                continue
+            if res.expires_at is not None and res.expires_at <= now:
+                await self.delete(res.id)
+                continue
+            live.append(res)
+            self.stored.add(res.id)
+        return live
+
+    async def sync(self, live: Iterable[str]) -> int:
+        """Delete the objects of reservations no longer live (expired); returns how many."""
+        gone = self.stored - set(live)
+        for rid in sorted(gone):
+            await self.delete(rid)
+        return len(gone)
