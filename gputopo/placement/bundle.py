@@ -390,7 +390,9 @@ def _meeting(
     placed: dict[int, Plan],
     tried: Tried,
 ) -> Plan | None:
-    """The best candidate plan of a slot that meets its edges to the placed slots."""
+    """The best candidate plan of a slot that meets its edges to the placed slots: by its own
+    time plus its edges' transfer times (a decode node with a slower ring but a faster NIC to
+    its prefill can win), then by its key."""
     partners = {
         n for e in links for n in placed[e.target if e.source == index else e.source].taken()
     }
@@ -403,19 +405,25 @@ def _meeting(
             )
             if found is not None:
                 candidates.append(found)
-    for plan in sorted(candidates, key=lambda p: p.key):
+    best: tuple[tuple[object, ...], Plan] | None = None
+    for plan in candidates:
         mine = parts_of(snapshot, plan.pods)
-        if all(
-            edge_gbps(
+        seconds = plan.seconds
+        for e in links:
+            gbps = edge_gbps(
                 snapshot,
                 mine if e.source == index else parts_of(snapshot, placed[e.source].pods),
                 mine if e.target == index else parts_of(snapshot, placed[e.target].pods),
             )
-            >= e.need_gbps
-            for e in links
-        ):
-            return plan
-    return None
+            if gbps < e.need_gbps:
+                break
+            if e.transfer_bytes:
+                seconds += cost.transfer_seconds(size_bytes=e.transfer_bytes, gbps=gbps)
+        else:
+            rank = (plan.key.missed, cost.time_bucket(seconds), plan.key)
+            if best is None or rank < best[0]:
+                best = (rank, plan)
+    return None if best is None else best[1]
 
 
 def _spread_members(snapshot: ClusterSnapshot, plan: Plan, group: str, across: Scope) -> set[str]:

@@ -46,6 +46,7 @@ __all__ = [
     "choose_gpus",
     "figures_of",
     "mask_of",
+    "network_front",
     "twin_classes",
 ]
 
@@ -147,6 +148,35 @@ def _choose(
     ties = [s for k, s in scored if k == top]
     best = min(ties, key=lambda subset: (_rest_bucket(shape, free, subset), subset))
     return figures_of(shape, best)
+
+
+def network_front(shape: NodeShape, free_mask: int, count: int) -> tuple[NodeChoice, ...]:
+    """Choices for GPUs that leave the node, best ring first: `choose`'s answer, then each
+    subset with a strictly better network share than every choice before it (by ring bucket).
+
+    When a pod's GPUs talk mostly over the network (a pipeline stage, an all-to-all across
+    nodes) a slower ring on two NICs beats a bridged pair sharing one; which wins depends on the
+    collective, so the caller prices each (there are rarely more than two or three).
+    """
+    first = choose(shape, free_mask, count, leaves_node=True)
+    if first is None or count <= 0:
+        return ()
+    return (first, *_front(shape, free_mask, count, first.min_nic_gbps))
+
+
+@lru_cache(maxsize=1 << 14)
+def _front(shape: NodeShape, free_mask: int, count: int, above: float) -> tuple[NodeChoice, ...]:
+    scored = sorted(
+        (_score(shape, subset, True), subset)
+        for subset in _candidates(shape, _bits(free_mask), count)
+    )
+    out = []
+    best = above
+    for (_, network, _), subset in scored:
+        if -network > best:
+            out.append(figures_of(shape, subset))
+            best = -network
+    return tuple(out)
 
 
 def _candidates(shape: NodeShape, pool: tuple[int, ...], count: int) -> list[tuple[int, ...]]:
