@@ -156,3 +156,27 @@ def test_choosing_up_to_symmetry_picks_what_trying_every_subset_picks(
     found = choose(shape, intranode.mask_of(free), count, leaves_node=leaves)
     assert found is not None
     assert tuple(sorted(found.gpus)) == _brute(shape, free, count, leaves)
+
+
+@given(
+    gpus=st.sampled_from([16, 20]),
+    seed=st.integers(0, 10_000),
+    count=st.integers(5, 8),
+)
+@settings(max_examples=25, deadline=None)
+def test_past_the_subset_cap_the_grown_sets_still_reach_the_best_ring(
+    gpus: int, seed: int, count: int
+) -> None:
+    rng = random.Random(seed)
+    shape = node_shape(pcie_server("p", gpus=gpus))
+    free = tuple(g for g in range(gpus) if rng.random() < 0.8)
+    if len(free) <= count:
+        return
+    classes = [c for c in (tuple(g for g in c if g in free) for c in twin_classes(shape)) if c]
+    every = intranode._representatives(classes, count)
+    if len(every) <= intranode.MAX_SUBSETS:
+        return  # enumerated exactly; the brute-force test above covers it
+    found = choose(shape, intranode.mask_of(free), count)
+    assert found is not None
+    best = max(figures_of(shape, tuple(sorted(s))).ring_gbps for s in every)
+    assert intranode._bucket(found.ring_gbps) == intranode._bucket(best)
