@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gputopo import cost
-from gputopo.cluster import NodeClass, NodeShape
+from gputopo.cluster import NodeClass
 from gputopo.links import LinkKind
-from gputopo.placement.intranode import NodeChoice, choose, network_front
+from gputopo.placement.intranode import NodeChoice, ceilings, choose, network_front
 from gputopo.placement.links import holds, span_of
 from gputopo.placement.objective import WIDTH, damage, key, width
 from gputopo.placement.plans import (
@@ -36,11 +36,21 @@ from gputopo.placement.predict import collective_seconds, node_floor_seconds
 from gputopo.placement.view import View
 from gputopo.request import Group, Scope
 
-__all__ = ["EXACT_PER_SCOPE", "MAX_SPLITS", "SMALL_GANG", "optimistic_seconds", "several_nodes"]
+__all__ = [
+    "EXACT_PER_SCOPE",
+    "MAX_SPLITS",
+    "SMALL_DOMAIN",
+    "SMALL_GANG",
+    "optimistic_seconds",
+    "several_nodes",
+]
 
-# Gangs of at most this many pods try every split over a domain's classes, while there are at most
-# MAX_SPLITS of them (a split costs one cached intra-node choice per class and one prediction).
+# Gangs of at most SMALL_GANG pods try every split over a domain's classes when the domain has at
+# most SMALL_DOMAIN nodes with room and there are at most MAX_SPLITS splits (a split costs one
+# cached intra-node choice per class and one prediction; a 100k-GPU cluster estimates hundreds of
+# domains per decision, where the greedy fills must do).
 SMALL_GANG = 8
+SMALL_DOMAIN = 16
 MAX_SPLITS = 400
 # How many estimated domains per scope are turned into concrete nodes. Estimates are exact in
 # time and node damage; what this bounds is the tie-break between equally good domains.
@@ -134,11 +144,12 @@ def _fill_estimate(
 
     Orders tried: most pods per node first (fewest nodes, smallest shards on the network), best
     intra-node ring first, fastest network first, each breaking ties by the least damage; and
-    every class alone that can hold the gang. A gang of at most `SMALL_GANG` pods also tries
-    every split over the classes (how many of each class's nodes hold 1, 2, ... pods) while
-    there are at most `MAX_SPLITS` of them: with nodes of different sizes and networks, the
-    best split can be none of the greedy fills (two pods on a free 8-GPU node and one on
-    another, rather than one per node). The best predicted time wins, then node damage.
+    every class alone that can hold the gang. A gang of at most `SMALL_GANG` pods in a domain
+    of at most `SMALL_DOMAIN` nodes with room also tries every split over the classes (how many
+    of each class's nodes hold 1, 2, ... pods) while there are at most `MAX_SPLITS` of them:
+    with nodes of different sizes and networks, the best split can be none of the greedy fills
+    (two pods on a free 8-GPU node and one on another, rather than one per node). The best
+    predicted time wins, then node damage.
     """
     per_pod = group.gpus_per_pod
     usable = [(c, n) for c, n in classes.items() if _fit(c, per_pod) > 0]
@@ -161,7 +172,11 @@ def _fill_estimate(
     ]
     orders += [[cn] for cn in usable if _fit(cn[0], per_pod) * cn[1] >= group.pods]
     candidates = [_gang_from(order, group, nvlink) for order in orders]
-    if group.pods <= SMALL_GANG and _count_splits(usable, per_pod, group.pods) <= MAX_SPLITS:
+    if (
+        group.pods <= SMALL_GANG
+        and sum(n for _, n in usable) <= SMALL_DOMAIN
+        and _count_splits(usable, per_pod, group.pods) <= MAX_SPLITS
+    ):
         candidates += [_estimate_of(split, group, nvlink) for split in _splits(usable, group)]
     best: _Estimate | None = None
     for found in candidates:
@@ -315,9 +330,9 @@ def optimistic_seconds(view: View, group: Group, *, nvlink: bool) -> float:
     The model's time is never below any one node's own terms (`predict.node_floor_seconds`),
     in particular the node holding the fewest pods, q <= pods / 2 of them, on at least
     max(2, ceil(pods / most)) nodes (`most`: the most pods any class holds). For every such q
-    the bound takes a node with the best figures any class can give q pods: the best ring
-    (`intranode.choose` finds the best ring bucket, so a factor `TIME_BUCKET_RATIO` above it),
-    the most network share any q-pod subset can have (`_share_ceiling`), the best NVLink rate.
+    the bound takes a node with the best figures any class can give q pods, each maximised on
+    its own (`intranode.ceilings`: the best ring, the best network share), and the best NVLink
+    rate of any free GPU.
     Slower links or more nodes never help in the model, so the minimum over q bounds every
     multi-node placement from below, whether the gang's nodes hold equal or uneven shares.
     """
@@ -335,10 +350,9 @@ def optimistic_seconds(view: View, group: Group, *, nvlink: bool) -> float:
         for c in classes:
             if _fit(c, per_pod) < q:
                 continue
-            found = choose(c[0], c[1], gpus, leaves_node=True)
-            assert found is not None
-            ring = max(ring, found.ring_gbps * cost.TIME_BUCKET_RATIO)
-            nic = max(nic, _share_ceiling(c[0], c[1], gpus))
+            best_ring, best_share = ceilings(c[0], c[1], gpus)
+            ring = max(ring, best_ring)
+            nic = max(nic, best_share)
             nvl = max(nvl, *(c[0].nvlink_gbps[g] for g in _bits(c[1])))
         ideal = NodeChoice(
             tuple(range(gpus)), ring, LinkKind.NVLINK, (nic,) * gpus, ("",) * gpus, nvl
@@ -354,20 +368,6 @@ def optimistic_seconds(view: View, group: Group, *, nvlink: bool) -> float:
 
 def _bits(mask: int) -> list[int]:
     return [g for g in range(mask.bit_length()) if mask >> g & 1]
-
-
-def _share_ceiling(shape: NodeShape, mask: int, gpus: int) -> float:
-    """The most network share the slowest of `gpus` free GPUs can get: no more than the best
-    NIC path of any of them, nor the average of what the best `gpus` distinct NICs carry (GPUs
-    on one NIC split its rate)."""
-    free = _bits(mask)
-    best_path = max((rate for g in free for _, rate in shape.nics[g]), default=0.0)
-    per_nic: dict[int, float] = {}
-    for g in free:
-        for idx, rate in shape.nics[g]:
-            per_nic[idx] = max(per_nic.get(idx, 0.0), rate)
-    top = sorted(per_nic.values(), reverse=True)[:gpus]
-    return min(best_path, sum(top) / gpus)
 
 
 def _domains(view: View, scope: Scope) -> Iterable[str]:

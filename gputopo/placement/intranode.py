@@ -43,6 +43,7 @@ from gputopo.topology import NodeTopology
 __all__ = [
     "MAX_SUBSETS",
     "NodeChoice",
+    "ceilings",
     "choose",
     "choose_gpus",
     "clear_caches",
@@ -104,6 +105,7 @@ def clear_caches() -> None:
     """Forget every cached answer (benchmarks time the search cold with this)."""
     _choose.cache_clear()
     _front.cache_clear()
+    ceilings.cache_clear()
     twin_classes.cache_clear()
 
 
@@ -187,6 +189,20 @@ def _front(shape: NodeShape, free_mask: int, count: int, above: float) -> tuple[
             out.append(figures_of(shape, subset))
             best = -network
     return tuple(out)
+
+
+@lru_cache(maxsize=1 << 14)
+def ceilings(shape: NodeShape, free_mask: int, count: int) -> tuple[float, float]:
+    """(best ring, best network share of the slowest GPU) that `count` of the free GPUs reach,
+    each maximised on its own over the candidate subsets: what no choice of those GPUs can beat
+    (exact where the candidates are every subset up to symmetry; see `MAX_SUBSETS`)."""
+    if count <= 0 or free_mask.bit_count() < count:
+        return 0.0, 0.0
+    ring = share = 0.0
+    for subset in _candidates(shape, _bits(free_mask), count):
+        ring = max(ring, _ring_gbps(shape, subset))
+        share = max(share, min(_nic_shares(shape, subset)[0], default=0.0))
+    return ring, share
 
 
 def _candidates(shape: NodeShape, pool: tuple[int, ...], count: int) -> list[tuple[int, ...]]:
