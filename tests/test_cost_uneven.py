@@ -157,3 +157,13 @@ def test_no_node_of_any_pattern_finishes_after_the_prediction(
     for c in nodes:
         own = node_floor_seconds(group, c, ranks=n, nodes=len(nodes), nvlink=False)
         assert own <= seconds * (1 + 1e-12)
+
+
+def test_a_pipeline_across_uneven_nodes_waits_for_the_slowest_nics_share() -> None:
+    # 8 GPUs at 50 GB/s each and a lone GPU behind a 12.5 GB/s share: 1 GB crosses at 12.5 GB/s
+    group = Group("pp", pods=9, gpus_per_pod=1, pattern=Pattern.PIPELINE, message_bytes=GB)
+    big = _choice(8, 360.0, [50.0] * 8)
+    lone = _choice(1, 360.0, [12.5])
+    bus, seconds, _ = collective(group, [(big, 1), (lone, 1)], nodes=2, nvlink=False)
+    assert bus == 12.5
+    assert seconds == pytest.approx(1 / 12.5 + 0.0, abs=1e-4)  # plus one NIC hop's latency

@@ -16,7 +16,6 @@ together:
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from functools import lru_cache
 
 from gputopo import cost
 from gputopo.cluster import ClusterSnapshot, NodeClass, NodeShape
-from gputopo.placement.intranode import NodeChoice, choose, figures_of
+from gputopo.placement.intranode import NodeChoice, candidate_subsets, choose, figures_of
 from gputopo.placement.links import holds, span_of
 from gputopo.placement.objective import WIDTH, damage, key, width
 from gputopo.placement.predict import NodePart, collective_seconds, edge_gbps, parts_of
@@ -136,7 +135,7 @@ def _assignments(
             return
         _, _, pods, per_pod, island = slots[i]
         count = pods * per_pod
-        subsets = list(itertools.combinations(left, count))
+        subsets = candidate_subsets(shape, left, count)
         if island:
             subsets = [s for s in subsets if any(set(s) <= isl for isl in shape.islands)]
         if len(subsets) > _SUBSETS_PER_SLOT:

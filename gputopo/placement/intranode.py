@@ -43,6 +43,7 @@ from gputopo.topology import NodeTopology
 __all__ = [
     "MAX_SUBSETS",
     "NodeChoice",
+    "candidate_subsets",
     "ceilings",
     "choose",
     "choose_gpus",
@@ -105,6 +106,7 @@ def clear_caches() -> None:
     """Forget every cached answer (benchmarks time the search cold with this)."""
     _choose.cache_clear()
     _front.cache_clear()
+    _figures.cache_clear()
     ceilings.cache_clear()
     twin_classes.cache_clear()
 
@@ -203,6 +205,15 @@ def ceilings(shape: NodeShape, free_mask: int, count: int) -> tuple[float, float
         ring = max(ring, _ring_gbps(shape, subset))
         share = max(share, min(_nic_shares(shape, subset)[0], default=0.0))
     return ring, share
+
+
+def candidate_subsets(shape: NodeShape, pool: tuple[int, ...], count: int) -> list[tuple[int, ...]]:
+    """The subsets of `pool` (sorted GPU indices) of size `count` this module scores: one per
+    count vector over twin classes (lowest indices), or the grown sets past `MAX_SUBSETS`.
+    Placing several slots one after another on what each leaves free and taking these for
+    each covers every joint assignment up to symmetry, since swapping twins is a symmetry of
+    the node."""
+    return _candidates(shape, pool, count)
 
 
 def _candidates(shape: NodeShape, pool: tuple[int, ...], count: int) -> list[tuple[int, ...]]:
@@ -338,6 +349,11 @@ def _nic_shares(shape: NodeShape, gpus: Sequence[int]) -> tuple[tuple[float, ...
 
 def figures_of(shape: NodeShape, gpus: Sequence[int]) -> NodeChoice:
     """The figures of a given GPU set (ring order, ring bandwidth, NIC shares, ...)."""
+    return _figures(shape, tuple(gpus))
+
+
+@lru_cache(maxsize=1 << 16)
+def _figures(shape: NodeShape, gpus: tuple[int, ...]) -> NodeChoice:
     ring, gbps = _ring_order(shape, gpus)
     kind = max(
         (shape.kind[a][b] for i, a in enumerate(ring) for b in ring[i + 1 :]),

@@ -7,12 +7,14 @@ intra-node choices) and the final result (figures recomputed from the chosen GPU
 engine optimises is exactly what the answer reports. Per replica:
 
 1. inside each node, the best ring through that node's GPUs of the replica gives the intra-node
-   bandwidth (the slowest node counts);
+   bandwidth;
 2. across nodes, either the multi-node NVLink domain (all nodes in one) or the NICs: each GPU's
-   share of its nearest NIC, the slowest GPU counting;
-3. all-reduce is hierarchical, all-to-all is bounded by the slower of local and remote traffic,
-   pipeline by the slowest hop (inside a node: its ring's bottleneck; across nodes: the network);
-   a group's figure is its slowest replica.
+   share of its nearest NIC, the slowest GPU of the node counting;
+3. every node is costed on its own GPU count and figures (`cost.NodeLoad`) and the slowest node
+   sets the time: all-reduce is hierarchical (a node with few GPUs of the gang pushes a larger
+   shard through its own NICs), all-to-all is bounded by the slower of local and remote traffic
+   (a small node sends more of it off the node), pipeline by the slowest hop (inside a node:
+   its ring's bottleneck; across nodes: the network); a group's figure is its slowest replica.
 
 Edges sum the bandwidth of matched GPU shards between two replicas (shard i of the source sends
 to shard i of the target) and report the worst pair of replicas.
