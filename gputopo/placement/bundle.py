@@ -365,7 +365,7 @@ def _sequentially(
             for e in edges
             if i in (e.source, e.target) and {e.source, e.target} - {i} <= placed.keys()
         ]
-        inner = Tried(alternatives=bool(links))
+        inner = Tried(alternatives=bool(links), wide=bool(links))
         plan = search_slot(sub, slot, limit=slot.group.scope.required, preferred=None, tried=inner)
         if plan is None:
             return placed, i, "room"

@@ -41,6 +41,7 @@ from gputopo.shape import NodeShape, node_shape
 from gputopo.topology import NodeTopology
 
 __all__ = [
+    "ALTERNATIVE_RINGS",
     "MAX_SUBSETS",
     "NodeChoice",
     "candidate_subsets",
@@ -51,6 +52,7 @@ __all__ = [
     "figures_of",
     "mask_of",
     "network_front",
+    "ring_alternatives",
     "twin_classes",
 ]
 
@@ -59,6 +61,8 @@ __all__ = [
 # (`_grow`), which finds the best ring on PCIe trees and NVSwitches but weighs NICs, NUMA nodes and
 # what stays free only among the grown sets (measured in tests/placement/test_intranode_bounded.py).
 MAX_SUBSETS = 512
+# How many slower ring buckets `ring_alternatives` offers a subset from.
+ALTERNATIVE_RINGS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +111,7 @@ def clear_caches() -> None:
     _choose.cache_clear()
     _front.cache_clear()
     _figures.cache_clear()
+    _ring_alternatives.cache_clear()
     ceilings.cache_clear()
     twin_classes.cache_clear()
 
@@ -142,17 +147,9 @@ def _choose(
     shape: NodeShape, free_mask: int, count: int, leaves_node: bool, island: bool
 ) -> NodeChoice | None:
     free = _bits(free_mask)
-    pools: list[tuple[int, ...]]
-    if island:
-        pools = []
-        for isl in shape.islands:
-            avail = tuple(g for g in free if g in isl)
-            if len(avail) >= count and (count == 1 or len(isl) > 1):
-                pools.append(avail)
-        if not pools:
-            return None
-    else:
-        pools = [free]
+    pools = _pools(shape, free, count) if island else [free]
+    if not pools:
+        return None
     scored = [
         (_score(shape, subset, leaves_node), subset)
         for pool in pools
@@ -162,6 +159,16 @@ def _choose(
     ties = [s for k, s in scored if k == top]
     best = min(ties, key=lambda subset: (_rest_bucket(shape, free, subset), subset))
     return figures_of(shape, best)
+
+
+def _pools(shape: NodeShape, free: tuple[int, ...], count: int) -> list[tuple[int, ...]]:
+    """The free GPUs of each NVLink island that can hold `count` of them."""
+    pools = []
+    for isl in shape.islands:
+        avail = tuple(g for g in free if g in isl)
+        if len(avail) >= count and (count == 1 or len(isl) > 1):
+            pools.append(avail)
+    return pools
 
 
 def network_front(shape: NodeShape, free_mask: int, count: int) -> tuple[NodeChoice, ...]:
@@ -190,6 +197,43 @@ def _front(shape: NodeShape, free_mask: int, count: int, above: float) -> tuple[
         if -network > best:
             out.append(figures_of(shape, subset))
             best = -network
+    return tuple(out)
+
+
+def ring_alternatives(
+    shape: NodeShape, free_mask: int, count: int, *, island: bool = False
+) -> tuple[NodeChoice, ...]:
+    """Besides `choose`'s answer, the best subset (by the module's order) of each of the next
+    `ALTERNATIVE_RINGS` ring buckets that leaves a better ring free than the answer does: for a
+    caller that places several replicas on one node and compares the wholes."""
+    if count <= 1 or free_mask.bit_count() < count:
+        return ()
+    return _ring_alternatives(shape, free_mask, count, island)
+
+
+@lru_cache(maxsize=1 << 14)
+def _ring_alternatives(
+    shape: NodeShape, free_mask: int, count: int, island: bool
+) -> tuple[NodeChoice, ...]:
+    first = choose(shape, free_mask, count, island=island)
+    if first is None:
+        return ()
+    free = _bits(free_mask)
+    pools = _pools(shape, free, count) if island else [free]
+    by_bucket: dict[int, list[tuple[tuple[int, float, int], tuple[int, ...]]]] = {}
+    for pool in pools:
+        for subset in _candidates(shape, pool, count):
+            k = _score(shape, subset, False)
+            by_bucket.setdefault(k[0], []).append((k, subset))
+    floor = _rest_bucket(shape, free, first.gpus)
+    out: list[NodeChoice] = []
+    for bucket in sorted(by_bucket)[1 : 1 + ALTERNATIVE_RINGS]:
+        ranked = sorted(
+            by_bucket[bucket], key=lambda ks: (ks[0], _rest_bucket(shape, free, ks[1]), ks[1])
+        )
+        k, subset = ranked[0]
+        if _rest_bucket(shape, free, subset) < floor:
+            out.append(figures_of(shape, subset))
     return tuple(out)
 
 

@@ -15,11 +15,12 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from gputopo import cost
-from gputopo.cluster import ClusterSnapshot
+from gputopo.cluster import ClusterSnapshot, NodeState
+from gputopo.machines import load_machine
 from gputopo.placement import place
 from gputopo.placement.exhaustive import Optimum, TooLargeError, optimum
 from gputopo.placement.instances import small_instance
-from gputopo.request import PlacementRequest
+from gputopo.request import PlacementRequest, request_from_mapping
 
 MAX_TRIALS = 20_000
 
@@ -72,3 +73,16 @@ def test_the_engine_never_misses_what_its_own_predictor_prefers(seed: int) -> No
     assert ratio is not None
     note(f"optimum {best.seconds * 1e3:.3f} ms on {[(p.node, p.gpus) for p in best.pods]}")
     assert cost.time_bucket(ratio * best.seconds) <= cost.time_bucket(best.seconds)
+
+
+def test_two_tp2_replicas_on_a_dgx1_take_two_good_pairs_not_the_best_and_a_poor_one() -> None:
+    # hybrid cube mesh, GPUs 0, 1, 5, 7 free: the best pair first leaves 0-7 over PCIe
+    node = load_machine("dgx1-v100", node_name="v")
+    snap = ClusterSnapshot([NodeState(node, frozenset({0, 1, 5, 7}))])
+    req = request_from_mapping(
+        {"groups": [{"name": "tp", "replicas": 2, "gpus_per_pod": 2, "pattern": "all_to_all"}]}
+    )
+    best = optimum(snap, req)
+    ours, _ = place(snap, req)
+    assert ours.prediction is not None
+    assert cost.time_bucket(ours.prediction.communication_seconds) <= cost.time_bucket(best.seconds)
