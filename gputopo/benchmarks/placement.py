@@ -393,14 +393,18 @@ def _pcie_servers(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
             pcie_server(f"pcie{gpus}-{i:02}", gpus=gpus, tiers=("leaf-0", "spine"))
             for i in range(PCIE_NODES)
         ]
+        # built once and derived per sample, as the aggregator derives snapshots: node shapes
+        # are computed once, and what a sample times is the search
+        base = ClusterSnapshot(NodeState(t, frozenset(range(gpus))) for t in nodes).indexed()
         for per in (1, 4, 8):
             request = request_from_mapping({"groups": [{"name": "tp", "gpus_per_pod": per}]})
             cells = {name: _Cell() for name in POLICIES}
             for _ in range(args.pcie_samples):
-                busy = [{g for g in range(gpus) if rng.random() < 0.4} for _ in nodes]
-                snap = ClusterSnapshot(
-                    NodeState(t, frozenset(range(gpus)) - b)
-                    for t, b in zip(nodes, busy, strict=True)
+                snap = base.with_free(
+                    {
+                        t.name: frozenset(g for g in range(gpus) if rng.random() >= 0.4)
+                        for t in nodes
+                    }
                 )
                 for name in POLICIES:
                     intranode.clear_caches()

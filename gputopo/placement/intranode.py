@@ -112,6 +112,8 @@ def clear_caches() -> None:
     _front.cache_clear()
     _figures.cache_clear()
     _ring_alternatives.cache_clear()
+    _score.cache_clear()
+    _ring_bucket.cache_clear()
     ceilings.cache_clear()
     twin_classes.cache_clear()
 
@@ -311,18 +313,28 @@ def _compositions(sizes: tuple[int, ...], count: int) -> int:
 
 def _representatives(classes: Sequence[tuple[int, ...]], count: int) -> list[list[int]]:
     """One subset per count vector: the lowest GPUs of each class."""
-    partial: list[tuple[int, list[int]]] = [(count, [])]
-    room = [sum(len(c) for c in classes[i:]) for i in range(len(classes))]
-    for i, members in enumerate(classes):
-        rest = room[i + 1] if i + 1 < len(classes) else 0
-        grown = []
-        for left, acc in partial:
-            for k in range(min(len(members), left), max(0, left - rest) - 1, -1):
-                grown.append((left - k, acc + list(members[:k]) if k else acc))
-        partial = grown
-    return [acc for left, acc in partial if left == 0]
+    out: list[list[int]] = []
+    room = [0] * (len(classes) + 1)
+    for i in range(len(classes) - 1, -1, -1):
+        room[i] = room[i + 1] + len(classes[i])
+    acc: list[int] = []
+
+    def walk(i: int, left: int) -> None:
+        if left == 0:
+            out.append(acc.copy())
+            return
+        members = classes[i]
+        for k in range(min(len(members), left), max(0, left - room[i + 1]) - 1, -1):
+            acc.extend(members[:k])
+            walk(i + 1, left - k)
+            del acc[len(acc) - k :]
+
+    if room[0] >= count:
+        walk(0, count)
+    return out
 
 
+@lru_cache(maxsize=1 << 16)
 def _score(shape: NodeShape, subset: tuple[int, ...], leaves_node: bool) -> tuple[int, float, int]:
     """Terms 1-3 of the module docstring's order (4 and 5 in `_rest_bucket` and the caller)."""
     ring = _ring_gbps(shape, subset)
@@ -334,8 +346,12 @@ def _score(shape: NodeShape, subset: tuple[int, ...], leaves_node: bool) -> tupl
 
 
 def _rest_bucket(shape: NodeShape, free: tuple[int, ...], subset: tuple[int, ...]) -> int:
-    rest = tuple(g for g in free if g not in subset)
-    return _bucket(_ring_gbps(shape, rest) if len(rest) > 1 else math.inf)
+    return _ring_bucket(shape, tuple(g for g in free if g not in subset))
+
+
+@lru_cache(maxsize=1 << 16)
+def _ring_bucket(shape: NodeShape, gpus: tuple[int, ...]) -> int:
+    return _bucket(_ring_gbps(shape, gpus) if len(gpus) > 1 else math.inf)
 
 
 def _bucket(gbps: float) -> int:

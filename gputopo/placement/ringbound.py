@@ -6,10 +6,10 @@ DGX-2-class or L40S PCIe server, and it runs again for every candidate subset. P
 `links.EXACT_RING_GPUS` GPUs this module answers instead, exactly where the node's links form a
 tree and near-optimally elsewhere:
 
-1. *Lower end*: order the GPUs the way single-linkage clustering merges them (Kruskal over the
-   links, best first, concatenating the two merged lists). Every group of GPUs joined at a given
-   bandwidth is then one contiguous run of the order, so consecutive ranks sit on the best
-   links. The ring through that order is a real ring; its bottleneck `low` is achievable.
+1. *Lower end*: order the GPUs the way single-linkage clustering groups them (Prim's algorithm
+   on the widest links). Every group of GPUs joined at a given bandwidth is then one contiguous
+   run of the order, so consecutive ranks sit on the best links. The ring through that order is
+   a real ring; its bottleneck `low` is achievable.
 2. *Upper end*: no ring beats `high` = min(the bandwidth at which the GPUs first form one
    connected group, the second-best link of every GPU): a ring is connected, and every GPU has
    two ring neighbours.
@@ -58,29 +58,27 @@ def _ring_gbps(matrix: Matrix, order: Sequence[int]) -> float:
 
 
 def _linkage_order(matrix: Matrix) -> tuple[tuple[int, ...], float]:
-    """Single-linkage order (step 1) and the bandwidth at which all GPUs are first connected."""
+    """Single-linkage order (step 1) and the bandwidth at which all GPUs are first connected.
+
+    Prim's algorithm on the widest links from GPU 0 (lowest index on ties): it takes no link
+    below t while a GPU joined to the visited ones at t or more is left, so every group joined
+    at t or more is visited as one run; the narrowest link it takes is where all are connected.
+    O(n^2), no sort.
+    """
     n = len(matrix)
-    runs: dict[int, list[int]] = {i: [i] for i in range(n)}
-    head = list(range(n))
-    edges = sorted(
-        ((matrix[i][j], i, j) for i in range(n) for j in range(i + 1, n)),
-        key=lambda e: (-e[0], e[1], e[2]),
-    )
+    order = [0]
+    key = list(matrix[0])
+    left = set(range(1, n))
     joined_at = float("inf")
-    for gbps, i, j in edges:
-        a, b = head[i], head[j]
-        if a == b:
-            continue
-        a, b = min(a, b), max(a, b)
-        runs[a].extend(runs.pop(b))
-        for g in runs[a]:
-            head[g] = a
-        joined_at = gbps
-        if len(runs) == 1:
-            break
-    if len(runs) > 1:  # unreachable GPUs (bandwidth 0 is still a link value, so rare)
-        return tuple(g for run in runs.values() for g in run), 0.0
-    return tuple(runs[0]), joined_at
+    while left:
+        nxt = max(sorted(left), key=key.__getitem__)
+        joined_at = min(joined_at, key[nxt])
+        order.append(nxt)
+        left.discard(nxt)
+        row = matrix[nxt]
+        for g in left:
+            key[g] = max(key[g], row[g])
+    return tuple(order), joined_at
 
 
 def _hamiltonian(matrix: Matrix, threshold: float, budget: int) -> tuple[int, ...] | None:
