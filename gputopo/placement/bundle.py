@@ -16,7 +16,6 @@ together:
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from functools import lru_cache
 
 from gputopo import cost
 from gputopo.cluster import ClusterSnapshot, NodeClass, NodeShape
-from gputopo.placement.intranode import NodeChoice, choose, figures_of
+from gputopo.placement.intranode import NodeChoice, candidate_subsets, choose, figures_of
 from gputopo.placement.links import holds, span_of
 from gputopo.placement.objective import WIDTH, damage, key, width
 from gputopo.placement.predict import NodePart, collective_seconds, edge_gbps, parts_of
@@ -137,7 +136,7 @@ def _assignments(
             return
         _, _, pods, per_pod, island = slots[i]
         count = pods * per_pod
-        subsets = list(itertools.combinations(left, count))
+        subsets = candidate_subsets(shape, left, count)
         if island:
             subsets = [s for s in subsets if any(set(s) <= isl for isl in shape.islands)]
         if len(subsets) > _SUBSETS_PER_SLOT:
@@ -378,7 +377,7 @@ def _sequentially(
             for e in edges
             if i in (e.source, e.target) and {e.source, e.target} - {i} <= placed.keys()
         ]
-        inner = Tried(alternatives=bool(links))
+        inner = Tried(alternatives=bool(links), wide=bool(links))
         plan = search_slot(sub, slot, limit=slot.group.scope.required, preferred=None, tried=inner)
         if plan is None:
             return placed, i, "room"
@@ -402,7 +401,9 @@ def _meeting(
     placed: dict[int, Plan],
     tried: Tried,
 ) -> Plan | None:
-    """The best candidate plan of a slot that meets its edges to the placed slots."""
+    """The best candidate plan of a slot that meets its edges to the placed slots: by its own
+    time plus its edges' transfer times (a decode node with a slower ring but a faster NIC to
+    its prefill can win), then by its key."""
     partners = {
         n for e in links for n in placed[e.target if e.source == index else e.source].taken()
     }
@@ -415,19 +416,25 @@ def _meeting(
             )
             if found is not None:
                 candidates.append(found)
-    for plan in sorted(candidates, key=lambda p: p.key):
+    best: tuple[tuple[object, ...], Plan] | None = None
+    for plan in candidates:
         mine = parts_of(snapshot, plan.pods)
-        if all(
-            edge_gbps(
+        seconds = plan.seconds
+        for e in links:
+            gbps = edge_gbps(
                 snapshot,
                 mine if e.source == index else parts_of(snapshot, placed[e.source].pods),
                 mine if e.target == index else parts_of(snapshot, placed[e.target].pods),
             )
-            >= e.need_gbps
-            for e in links
-        ):
-            return plan
-    return None
+            if gbps < e.need_gbps:
+                break
+            if e.transfer_bytes:
+                seconds += cost.transfer_seconds(size_bytes=e.transfer_bytes, gbps=gbps)
+        else:
+            rank = (plan.key.missed, cost.time_bucket(seconds), plan.key)
+            if best is None or rank < best[0]:
+                best = (rank, plan)
+    return None if best is None else best[1]
 
 
 def _spread_members(snapshot: ClusterSnapshot, plan: Plan, group: str, across: Scope) -> set[str]:

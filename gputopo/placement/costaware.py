@@ -387,7 +387,9 @@ class _Decision:
                 own = view.for_group(s.group.name)
                 best = single_node_seconds(own, s)
                 if s.group.pods > 1:
-                    best = min(best, optimistic_seconds(own, s.group, nvlink=True))
+                    # over NICs or multi-node NVLink, whichever the view allows to be faster
+                    for nvlink in (False, True):
+                        best = min(best, optimistic_seconds(own, s.group, nvlink=nvlink))
                 total += best
             fastest = fastest_pair_gbps(view.loosest())
             for e in unit.edges:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from gputopo import cost
 from gputopo.cluster import NodeClass
 from gputopo.links import LinkKind
-from gputopo.placement.intranode import NodeChoice, choose
+from gputopo.placement.intranode import NodeChoice, ceilings, choose, network_front
 from gputopo.placement.links import holds, span_of
 from gputopo.placement.objective import WIDTH, damage, key, width
 from gputopo.placement.plans import (
@@ -32,19 +32,30 @@ from gputopo.placement.plans import (
     node_terms,
     pods_on,
 )
-from gputopo.placement.predict import collective_seconds
+from gputopo.placement.predict import collective_seconds, node_floor_seconds
 from gputopo.placement.result import RejectionCode
 from gputopo.placement.view import View
 from gputopo.request import Group, Scope
 
-__all__ = ["EXACT_PER_SCOPE", "optimistic_seconds", "several_nodes"]
+__all__ = [
+    "EXACT_PER_SCOPE",
+    "MAX_SPLITS",
+    "SMALL_DOMAIN",
+    "SMALL_GANG",
+    "optimistic_seconds",
+    "several_nodes",
+]
 
+# Gangs of at most SMALL_GANG pods try every split over a domain's classes when the domain has at
+# most SMALL_DOMAIN nodes with room and there are at most MAX_SPLITS splits (a split costs one
+# cached intra-node choice per class and one prediction; a 100k-GPU cluster estimates hundreds of
+# domains per decision, where the greedy fills must do).
+SMALL_GANG = 8
+SMALL_DOMAIN = 16
+MAX_SPLITS = 400
 # How many estimated domains per scope are turned into concrete nodes. Estimates are exact in
 # time and node damage; what this bounds is the tie-break between equally good domains.
 EXACT_PER_SCOPE = 8
-
-_MULTI_SCOPES = (Scope.NVLINK, Scope.LEAF, Scope.SPINE, Scope.CORE, Scope.ZONE, Scope.CLUSTER)
-
 
 _MULTI_SCOPES = (Scope.NVLINK, Scope.LEAF, Scope.SPINE, Scope.CORE, Scope.ZONE, Scope.CLUSTER)
 
@@ -102,6 +113,9 @@ def _gang_from(
     if remaining > 0:
         return None
     nodes = sum(u.nodes for u in uses)
+    uses = [
+        _Use(u.cls, u.nodes, u.pods, _priced(u.cls, u.pods, group, nodes, nvlink)) for u in uses
+    ]
     parts = [(u.choice, u.nodes) for u in uses]
     seconds = collective_seconds(group, parts, nodes=nodes, nvlink=nvlink)
     broken = sum(u.nodes for u in uses if u.cls[1] == u.cls[0].full_mask)
@@ -131,7 +145,12 @@ def _fill_estimate(
 
     Orders tried: most pods per node first (fewest nodes, smallest shards on the network), best
     intra-node ring first, fastest network first, each breaking ties by the least damage; and
-    every class alone that can hold the gang. The best predicted time wins, then node damage.
+    every class alone that can hold the gang. A gang of at most `SMALL_GANG` pods in a domain
+    of at most `SMALL_DOMAIN` nodes with room also tries every split over the classes (how many
+    of each class's nodes hold 1, 2, ... pods) while there are at most `MAX_SPLITS` of them:
+    with nodes of different sizes and networks, the best split can be none of the greedy fills
+    (two pods on a free 8-GPU node and one on another, rather than one per node). The best
+    predicted time wins, then node damage.
     """
     per_pod = group.gpus_per_pod
     usable = [(c, n) for c, n in classes.items() if _fit(c, per_pod) > 0]
@@ -153,9 +172,15 @@ def _fill_estimate(
         sorted(usable, key=lambda cn: (-quality(cn[0])[1], -quality(cn[0])[0], harm(cn[0]))),
     ]
     orders += [[cn] for cn in usable if _fit(cn[0], per_pod) * cn[1] >= group.pods]
+    candidates = [_gang_from(order, group, nvlink) for order in orders]
+    if (
+        group.pods <= SMALL_GANG
+        and sum(n for _, n in usable) <= SMALL_DOMAIN
+        and _count_splits(usable, per_pod, group.pods) <= MAX_SPLITS
+    ):
+        candidates += [_estimate_of(split, group, nvlink) for split in _splits(usable, group)]
     best: _Estimate | None = None
-    for order in orders:
-        found = _gang_from(order, group, nvlink)
+    for found in candidates:
         if found is None:
             continue
         if best is None or (cost.time_bucket(found.seconds), found.node_terms) < (
@@ -164,6 +189,84 @@ def _fill_estimate(
         ):
             best = found
     return best
+
+
+def _estimate_of(
+    split: Sequence[tuple[NodeClass, int, int]], group: Group, nvlink: bool
+) -> _Estimate:
+    """The estimate of one split: (class, pods per node, nodes) entries."""
+    per_pod = group.gpus_per_pod
+    nodes = sum(k for _, _, k in split)
+    uses = [_Use(cls, k, q, _priced(cls, q, group, nodes, nvlink)) for cls, q, k in split]
+    seconds = collective_seconds(
+        group, [(u.choice, u.nodes) for u in uses], nodes=nodes, nvlink=nvlink
+    )
+    broken = sum(u.nodes for u in uses if u.cls[1] == u.cls[0].full_mask)
+    leftover = sum(u.nodes * (u.cls[1].bit_count() - u.pods * per_pod) for u in uses)
+    return _Estimate(tuple(uses), seconds, (broken, leftover))
+
+
+def _priced(cls: NodeClass, pods: int, group: Group, nodes: int, nvlink: bool) -> NodeChoice:
+    """The GPUs for `pods` pods on a node of this class when the gang spans `nodes` nodes: of
+    `intranode.network_front`, the one whose own share of the collective is fastest (a better
+    ring first on ties)."""
+    options = network_front(cls[0], cls[1], pods * group.gpus_per_pod)
+    if nodes <= 1 or len(options) == 1:
+        return options[0]
+    ranks = group.gpus_per_replica
+    return min(
+        options,
+        key=lambda c: cost.time_bucket(
+            node_floor_seconds(group, c, ranks=ranks, nodes=nodes, nvlink=nvlink)
+        ),
+    )
+
+
+def _shapes(total: int, parts: int, largest: int) -> list[list[int]]:
+    """Multisets (non-increasing lists) of at most `parts` pod counts in 1..largest summing to
+    `total`: how one class's nodes can share `total` pods."""
+    if total == 0:
+        return [[]]
+    if parts == 0 or largest == 0:
+        return []
+    out: list[list[int]] = []
+    for first in range(min(largest, total), 0, -1):
+        out.extend([first, *rest] for rest in _shapes(total - first, parts - 1, first))
+    return out
+
+
+def _count_splits(usable: Sequence[tuple[NodeClass, int]], per_pod: int, pods: int) -> int:
+    """How many splits `_splits` yields (counted without building them)."""
+    ways = [1] + [0] * pods
+    for cls, count in usable:
+        fit = _fit(cls, per_pod)
+        by_total = [len(_shapes(t, count, fit)) for t in range(pods + 1)]
+        ways = [sum(ways[t - k] * by_total[k] for k in range(t + 1)) for t in range(pods + 1)]
+    return ways[pods]
+
+
+def _splits(
+    usable: Sequence[tuple[NodeClass, int]], group: Group
+) -> Iterable[list[tuple[NodeClass, int, int]]]:
+    """Every way to spread the gang's pods over the classes' nodes, as (class, pods per node,
+    nodes) entries."""
+    per_pod = group.gpus_per_pod
+
+    def walk(
+        i: int, left: int, acc: list[tuple[NodeClass, int, int]]
+    ) -> Iterable[list[tuple[NodeClass, int, int]]]:
+        if left == 0:
+            yield acc
+            return
+        if i == len(usable):
+            return
+        cls, count = usable[i]
+        for total in range(min(left, _fit(cls, per_pod) * count), -1, -1):
+            for shape in _shapes(total, count, _fit(cls, per_pod)):
+                entries = [(cls, q, shape.count(q)) for q in sorted(set(shape), reverse=True)]
+                yield from walk(i + 1, left - total, acc + entries)
+
+    return walk(0, group.pods, [])
 
 
 def _pick_nodes(view: View, scope: Scope, domain: str, est: _Estimate) -> list[tuple[str, _Use]]:
@@ -223,33 +326,49 @@ def _gang_plan(
 
 
 def optimistic_seconds(view: View, group: Group, *, nvlink: bool) -> float:
-    """A lower bound on a gang's predicted time anywhere in the view.
+    """A lower bound on a gang's predicted time on several nodes anywhere in the view.
 
-    For every number q of pods per node that some class holds: the gang on ceil(pods / q)
-    nodes that all have the best ring, network and NVLink any such class offers for q pods.
-    More nodes or slower links never help in the cost model, so the minimum over q bounds every
-    placement from below.
+    The model's time is never below any one node's own terms (`predict.node_floor_seconds`),
+    in particular the node holding the fewest pods, q <= pods / 2 of them, on at least
+    max(2, ceil(pods / most)) nodes (`most`: the most pods any class holds). For every such q
+    the bound takes a node with the best figures any class can give q pods, each maximised on
+    its own (`intranode.ceilings`: the best ring, the best network share), and the best NVLink
+    rate of any free GPU.
+    Slower links or more nodes never help in the model, so the minimum over q bounds every
+    multi-node placement from below, whether the gang's nodes hold equal or uneven shares.
     """
     scope, domain = view.root()
     per_pod = group.gpus_per_pod
     classes = [c for c in view.classes(scope, domain) if _fit(c, per_pod) > 0]
+    most = max((_fit(c, per_pod) for c in classes), default=0)
+    if group.pods < 2 or most == 0:
+        return math.inf
+    nodes = max(2, -(-group.pods // most))
     best = math.inf
-    for q in range(1, min(max((_fit(c, per_pod) for c in classes), default=0), group.pods) + 1):
-        ring, nic, nvl, kind = 0.0, 0.0, 0.0, LinkKind.NET
+    for q in range(1, min(most, group.pods // 2) + 1):
+        gpus = q * per_pod
+        ring, nic, nvl = 0.0, 0.0, 0.0
         for c in classes:
             if _fit(c, per_pod) < q:
                 continue
-            found = choose(c[0], c[1], q * per_pod, leaves_node=True)
-            assert found is not None
-            ring = max(ring, found.ring_gbps)
-            nic = max(nic, found.min_nic_gbps)
-            nvl = max(nvl, found.nvlink_gbps)
-            kind = min(kind, found.kind)
-        gpus = q * per_pod
-        ideal = NodeChoice(tuple(range(gpus)), ring, kind, (nic,) * gpus, ("",) * gpus, nvl)
-        nodes = -(-group.pods // q)
-        best = min(best, collective_seconds(group, ((ideal, nodes),), nodes=nodes, nvlink=nvlink))
+            best_ring, best_share = ceilings(c[0], c[1], gpus)
+            ring = max(ring, best_ring)
+            nic = max(nic, best_share)
+            nvl = max(nvl, *(c[0].nvlink_gbps[g] for g in _bits(c[1])))
+        ideal = NodeChoice(
+            tuple(range(gpus)), ring, LinkKind.NVLINK, (nic,) * gpus, ("",) * gpus, nvl
+        )
+        best = min(
+            best,
+            node_floor_seconds(
+                group, ideal, ranks=group.gpus_per_replica, nodes=nodes, nvlink=nvlink
+            ),
+        )
     return best
+
+
+def _bits(mask: int) -> list[int]:
+    return [g for g in range(mask.bit_length()) if mask >> g & 1]
 
 
 def _domains(view: View, scope: Scope) -> Iterable[str]:

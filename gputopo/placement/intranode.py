@@ -13,6 +13,14 @@ at most 8-16 GPUs; `C(8,4)` = 70) and the best wins, on, in order:
    can form (so a TP-2 takes a pair that was already broken before it breaks a whole one);
 5. the lowest indices, so the answer is deterministic.
 
+Subsets are enumerated up to symmetry: GPUs that see every other GPU over identical links and
+share NUMA node and NICs (two GPUs under one PCIe switch, the GPUs of an NVSwitch without NICs)
+are interchangeable, so only how many GPUs come from each such *twin class* matters, and each
+count vector is scored once, on its lowest indices (the subset the last tie-break would pick).
+Keys are compared in two passes: the rest's ring (4) is computed only for the subsets that tie
+on 1-3. On a 16-GPU PCIe server a 4-GPU request scores 266 count vectors instead of 1,820
+subsets, and rings of more than 8 GPUs use `ringbound` (polynomial) rather than the subset DP.
+
 Answers depend only on the node's shape (`gputopo.cluster.NodeShape`), the mask of its free GPUs
 and the count, and are cached on exactly that, so thousands of identical nodes cost one search.
 The GPUs come back in ring order: consecutive ranks sit on the best links.
@@ -20,11 +28,11 @@ The GPUs come back in ring order: consecutive ranks sit on the best links.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import itemgetter
 
 from gputopo import cost
 from gputopo.links import LinkKind
@@ -33,17 +41,28 @@ from gputopo.shape import NodeShape, node_shape
 from gputopo.topology import NodeTopology
 
 __all__ = [
+    "ALTERNATIVE_RINGS",
     "MAX_SUBSETS",
     "NodeChoice",
+    "candidate_subsets",
+    "ceilings",
     "choose",
     "choose_gpus",
+    "clear_caches",
     "figures_of",
     "mask_of",
+    "network_front",
+    "ring_alternatives",
+    "twin_classes",
 ]
 
-# Above this many subsets (a 16-GPU node asked for 8 of 16 free is 12,870) the search falls back
-# to growing the set greedily from each start GPU, which is exact on switch-based nodes.
-MAX_SUBSETS = 4096
+# Above this many subsets (count vectors over twin classes: 266 for 4 GPUs of a free 16-GPU PCIe
+# server, 1,107 for 8) the search falls back to growing the set greedily from each twin class
+# (`_grow`), which finds the best ring on PCIe trees and NVSwitches but weighs NICs, NUMA nodes and
+# what stays free only among the grown sets (measured in tests/placement/test_intranode_bounded.py).
+MAX_SUBSETS = 512
+# How many slower ring buckets `ring_alternatives` offers a subset from.
+ALTERNATIVE_RINGS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +106,18 @@ def _bits(mask: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def clear_caches() -> None:
+    """Forget every cached answer (benchmarks time the search cold with this)."""
+    _choose.cache_clear()
+    _front.cache_clear()
+    _figures.cache_clear()
+    _ring_alternatives.cache_clear()
+    _score.cache_clear()
+    _ring_bucket.cache_clear()
+    ceilings.cache_clear()
+    twin_classes.cache_clear()
+
+
 def choose_gpus(
     topology: NodeTopology, free: frozenset[int], count: int, *, leaves_node: bool = False
 ) -> tuple[int, ...] | None:
@@ -118,52 +149,209 @@ def _choose(
     shape: NodeShape, free_mask: int, count: int, leaves_node: bool, island: bool
 ) -> NodeChoice | None:
     free = _bits(free_mask)
-    pools: list[tuple[int, ...]]
-    if island:
-        pools = []
-        for isl in shape.islands:
-            avail = tuple(g for g in free if g in isl)
-            if len(avail) >= count and (count == 1 or len(isl) > 1):
-                pools.append(avail)
-        if not pools:
-            return None
-    else:
-        pools = [free]
-    best: tuple[tuple[object, ...], tuple[int, ...]] | None = None
+    pools = _pools(shape, free, count) if island else [free]
+    if not pools:
+        return None
+    scored = [
+        (_score(shape, subset, leaves_node), subset)
+        for pool in pools
+        for subset in _candidates(shape, pool, count)
+    ]
+    top = min(k for k, _ in scored)
+    ties = [s for k, s in scored if k == top]
+    best = min(ties, key=lambda subset: (_rest_bucket(shape, free, subset), subset))
+    return figures_of(shape, best)
+
+
+def _pools(shape: NodeShape, free: tuple[int, ...], count: int) -> list[tuple[int, ...]]:
+    """The free GPUs of each NVLink island that can hold `count` of them."""
+    pools = []
+    for isl in shape.islands:
+        avail = tuple(g for g in free if g in isl)
+        if len(avail) >= count and (count == 1 or len(isl) > 1):
+            pools.append(avail)
+    return pools
+
+
+def network_front(shape: NodeShape, free_mask: int, count: int) -> tuple[NodeChoice, ...]:
+    """Choices for GPUs that leave the node, best ring first: `choose`'s answer, then each
+    subset with a strictly better network share than every choice before it (by ring bucket).
+
+    When a pod's GPUs talk mostly over the network (a pipeline stage, an all-to-all across
+    nodes) a slower ring on two NICs beats a bridged pair sharing one; which wins depends on the
+    collective, so the caller prices each (there are rarely more than two or three).
+    """
+    first = choose(shape, free_mask, count, leaves_node=True)
+    if first is None or count <= 0:
+        return ()
+    return (first, *_front(shape, free_mask, count, first.min_nic_gbps))
+
+
+@lru_cache(maxsize=1 << 14)
+def _front(shape: NodeShape, free_mask: int, count: int, above: float) -> tuple[NodeChoice, ...]:
+    scored = sorted(
+        (_score(shape, subset, True), subset)
+        for subset in _candidates(shape, _bits(free_mask), count)
+    )
+    out = []
+    best = above
+    for (_, network, _), subset in scored:
+        if -network > best:
+            out.append(figures_of(shape, subset))
+            best = -network
+    return tuple(out)
+
+
+def ring_alternatives(
+    shape: NodeShape, free_mask: int, count: int, *, island: bool = False
+) -> tuple[NodeChoice, ...]:
+    """Besides `choose`'s answer, the best subset (by the module's order) of each of the next
+    `ALTERNATIVE_RINGS` ring buckets that leaves a better ring free than the answer does: for a
+    caller that places several replicas on one node and compares the wholes."""
+    if count <= 1 or free_mask.bit_count() < count:
+        return ()
+    return _ring_alternatives(shape, free_mask, count, island)
+
+
+@lru_cache(maxsize=1 << 14)
+def _ring_alternatives(
+    shape: NodeShape, free_mask: int, count: int, island: bool
+) -> tuple[NodeChoice, ...]:
+    first = choose(shape, free_mask, count, island=island)
+    if first is None:
+        return ()
+    free = _bits(free_mask)
+    pools = _pools(shape, free, count) if island else [free]
+    by_bucket: dict[int, list[tuple[tuple[int, float, int], tuple[int, ...]]]] = {}
     for pool in pools:
         for subset in _candidates(shape, pool, count):
-            key = _score(shape, free, subset, leaves_node)
-            if best is None or key < best[0]:
-                best = (key, subset)
-    assert best is not None
-    return figures_of(shape, best[1])
+            k = _score(shape, subset, False)
+            by_bucket.setdefault(k[0], []).append((k, subset))
+    floor = _rest_bucket(shape, free, first.gpus)
+    out: list[NodeChoice] = []
+    for bucket in sorted(by_bucket)[1 : 1 + ALTERNATIVE_RINGS]:
+        ranked = sorted(
+            by_bucket[bucket], key=lambda ks: (ks[0], _rest_bucket(shape, free, ks[1]), ks[1])
+        )
+        k, subset = ranked[0]
+        if _rest_bucket(shape, free, subset) < floor:
+            out.append(figures_of(shape, subset))
+    return tuple(out)
+
+
+@lru_cache(maxsize=1 << 14)
+def ceilings(shape: NodeShape, free_mask: int, count: int) -> tuple[float, float]:
+    """(best ring, best network share of the slowest GPU) that `count` of the free GPUs reach,
+    each maximised on its own over the candidate subsets: what no choice of those GPUs can beat
+    (exact where the candidates are every subset up to symmetry; see `MAX_SUBSETS`)."""
+    if count <= 0 or free_mask.bit_count() < count:
+        return 0.0, 0.0
+    ring = share = 0.0
+    for subset in _candidates(shape, _bits(free_mask), count):
+        ring = max(ring, _ring_gbps(shape, subset))
+        share = max(share, min(_nic_shares(shape, subset)[0], default=0.0))
+    return ring, share
+
+
+def candidate_subsets(shape: NodeShape, pool: tuple[int, ...], count: int) -> list[tuple[int, ...]]:
+    """The subsets of `pool` (sorted GPU indices) of size `count` this module scores: one per
+    count vector over twin classes (lowest indices), or the grown sets past `MAX_SUBSETS`.
+    Placing several slots one after another on what each leaves free and taking these for
+    each covers every joint assignment up to symmetry, since swapping twins is a symmetry of
+    the node."""
+    return _candidates(shape, pool, count)
 
 
 def _candidates(shape: NodeShape, pool: tuple[int, ...], count: int) -> list[tuple[int, ...]]:
     if count == len(pool):
         return [pool]
-    if math.comb(len(pool), count) <= MAX_SUBSETS:
-        return list(itertools.combinations(pool, count))
-    return sorted({_grow(shape, pool, start, count) for start in pool})
+    inside = set(pool)
+    classes = [tuple(g for g in c if g in inside) for c in twin_classes(shape)]
+    classes = [c for c in classes if c]
+    if _compositions(tuple(len(c) for c in classes), count) <= MAX_SUBSETS:
+        return [tuple(sorted(s)) for s in _representatives(classes, count)]
+    return sorted({_grow(shape, pool, c[0], count) for c in classes})
 
 
-def _score(
-    shape: NodeShape, free: tuple[int, ...], subset: tuple[int, ...], leaves_node: bool
-) -> tuple[object, ...]:
+@lru_cache(maxsize=256)
+def twin_classes(shape: NodeShape) -> tuple[tuple[int, ...], ...]:
+    """GPUs of a node that are interchangeable for placement, lowest index first.
+
+    GPU a and b are twins when every other GPU reaches them over the same bandwidth and link
+    kind and they share NUMA node, nearest NICs and NVLink rate; the relation is transitive, so
+    it partitions the GPUs.
+    """
+    n = shape.gpu_count
+    classes: list[list[int]] = []
+    for g in range(n):
+        for c in classes:
+            h = c[0]
+            if (
+                shape.numa[g] == shape.numa[h]
+                and shape.nics[g] == shape.nics[h]
+                and shape.nvlink_gbps[g] == shape.nvlink_gbps[h]
+                and all(
+                    shape.bw[g][x] == shape.bw[h][x] and shape.kind[g][x] == shape.kind[h][x]
+                    for x in range(n)
+                    if x not in (g, h)
+                )
+            ):
+                c.append(g)
+                break
+        else:
+            classes.append([g])
+    return tuple(tuple(c) for c in classes)
+
+
+def _compositions(sizes: tuple[int, ...], count: int) -> int:
+    """How many ways to take `count` GPUs as counts per class (class i holds `sizes[i]`)."""
+    ways = [1] + [0] * count
+    for size in sizes:
+        ways = [sum(ways[t - k] for k in range(min(size, t) + 1)) for t in range(count + 1)]
+    return ways[count]
+
+
+def _representatives(classes: Sequence[tuple[int, ...]], count: int) -> list[list[int]]:
+    """One subset per count vector: the lowest GPUs of each class."""
+    out: list[list[int]] = []
+    room = [0] * (len(classes) + 1)
+    for i in range(len(classes) - 1, -1, -1):
+        room[i] = room[i + 1] + len(classes[i])
+    acc: list[int] = []
+
+    def walk(i: int, left: int) -> None:
+        if left == 0:
+            out.append(acc.copy())
+            return
+        members = classes[i]
+        for k in range(min(len(members), left), max(0, left - room[i + 1]) - 1, -1):
+            acc.extend(members[:k])
+            walk(i + 1, left - k)
+            del acc[len(acc) - k :]
+
+    if room[0] >= count:
+        walk(0, count)
+    return out
+
+
+@lru_cache(maxsize=1 << 16)
+def _score(shape: NodeShape, subset: tuple[int, ...], leaves_node: bool) -> tuple[int, float, int]:
+    """Terms 1-3 of the module docstring's order (4 and 5 in `_rest_bucket` and the caller)."""
     ring = _ring_gbps(shape, subset)
-    rest = tuple(g for g in free if g not in subset)
-    rest_ring = _ring_gbps(shape, rest) if len(rest) > 1 else math.inf
     network = 0.0
     if leaves_node:
         network = -min(_nic_shares(shape, subset)[0], default=0.0)
     numa_nodes = len({shape.numa[g] for g in subset})
-    return (
-        _bucket(ring),
-        network,
-        numa_nodes,
-        _bucket(rest_ring),
-        subset,
-    )
+    return (_bucket(ring), network, numa_nodes)
+
+
+def _rest_bucket(shape: NodeShape, free: tuple[int, ...], subset: tuple[int, ...]) -> int:
+    return _ring_bucket(shape, tuple(g for g in free if g not in subset))
+
+
+@lru_cache(maxsize=1 << 16)
+def _ring_bucket(shape: NodeShape, gpus: tuple[int, ...]) -> int:
+    return _bucket(_ring_gbps(shape, gpus) if len(gpus) > 1 else math.inf)
 
 
 def _bucket(gbps: float) -> int:
@@ -176,8 +364,9 @@ def _bucket(gbps: float) -> int:
 def _ring_gbps(shape: NodeShape, subset: Sequence[int]) -> float:
     if len(subset) <= 1:
         return math.inf
-    sub = tuple(tuple(shape.bw[a][b] for b in subset) for a in subset)
-    return best_ring_of_matrix(sub)[1]
+    row = itemgetter(*subset)
+    bw = shape.bw
+    return best_ring_of_matrix(tuple([row(bw[a]) for a in subset]))[1]
 
 
 def _ring_order(shape: NodeShape, subset: Sequence[int]) -> tuple[tuple[int, ...], float]:
@@ -220,6 +409,11 @@ def _nic_shares(shape: NodeShape, gpus: Sequence[int]) -> tuple[tuple[float, ...
 
 def figures_of(shape: NodeShape, gpus: Sequence[int]) -> NodeChoice:
     """The figures of a given GPU set (ring order, ring bandwidth, NIC shares, ...)."""
+    return _figures(shape, tuple(gpus))
+
+
+@lru_cache(maxsize=1 << 16)
+def _figures(shape: NodeShape, gpus: tuple[int, ...]) -> NodeChoice:
     ring, gbps = _ring_order(shape, gpus)
     kind = max(
         (shape.kind[a][b] for i, a in enumerate(ring) for b in ring[i + 1 :]),
@@ -231,10 +425,15 @@ def figures_of(shape: NodeShape, gpus: Sequence[int]) -> NodeChoice:
 
 
 def _grow(shape: NodeShape, pool: tuple[int, ...], start: int, count: int) -> tuple[int, ...]:
+    """From `start`, add the GPU whose weakest link to the chosen ones is strongest (lowest
+    index on ties) until `count`: Prim's algorithm on the widest links, which on a PCIe tree
+    or NVSwitch ends inside the smallest switch that holds `count` GPUs around `start`."""
     chosen = [start]
-    rest = set(pool) - {start}
+    weakest = {g: shape.bw[start][g] for g in pool if g != start}
     while len(chosen) < count:
-        nxt = max(sorted(rest), key=lambda c: min(shape.bw[c][x] for x in chosen))
+        nxt = max(sorted(weakest), key=weakest.__getitem__)
         chosen.append(nxt)
-        rest.discard(nxt)
+        del weakest[nxt]
+        row = shape.bw[nxt]
+        weakest = {g: min(w, row[g]) for g, w in weakest.items()}
     return tuple(sorted(chosen))

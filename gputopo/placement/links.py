@@ -3,7 +3,8 @@ narrowest scope that holds a set of nodes (which decides whether nodes talk over
 NVLink domain or over their NICs).
 
 A ring's bandwidth is the bottleneck link of the best ring through the chosen GPUs (a
-bottleneck travelling-salesman problem, exact for the <= 16 GPUs of a node).
+bottleneck travelling-salesman problem): exact by a subset DP up to `EXACT_RING_GPUS` GPUs,
+beyond that by `ringbound.bounded_ring` (exact on PCIe trees and NVSwitches, polynomial always).
 """
 
 from __future__ import annotations
@@ -12,9 +13,14 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from gputopo.cluster import ClusterSnapshot
+from gputopo.placement.ringbound import bounded_ring
 from gputopo.request import Scope
 
-__all__ = ["best_ring_of_matrix", "holds", "span_of"]
+__all__ = ["EXACT_RING_GPUS", "best_ring_of_matrix", "holds", "span_of"]
+
+# Up to this many GPUs the subset DP is exact and cheap (2^8 * 8^2 steps per threshold); past it
+# the DP doubles per GPU (28 s for the rings a 4-GPU request on a 16-GPU server needed).
+EXACT_RING_GPUS = 8
 
 
 @lru_cache(maxsize=65536)
@@ -23,9 +29,11 @@ def best_ring_of_matrix(matrix: tuple[tuple[float, ...], ...]) -> tuple[tuple[in
 
     1. Try the distinct bandwidths from the highest down as a threshold.
     2. For each, ask whether a Hamiltonian cycle exists using only links at or above it
-       (Held-Karp reachability over subsets: O(2^n n^2), n <= 16).
+       (Held-Karp reachability over subsets: O(2^n n^2), n <= `EXACT_RING_GPUS`).
     3. The first threshold that admits a cycle is the answer; rebuild the cycle from the DP.
-    Equal bandwidth everywhere (an NVSwitch node) short-circuits to the identity order.
+    Equal bandwidth everywhere (an NVSwitch node) short-circuits to the identity order. Before
+    the DP, `ringbound.bounded_ring` is asked (polynomial): its ring is the answer when it is
+    proven optimal (always on PCIe trees) or when there are more than `EXACT_RING_GPUS` GPUs.
     """
     n = len(matrix)
     if n == 2:
@@ -33,6 +41,9 @@ def best_ring_of_matrix(matrix: tuple[tuple[float, ...], ...]) -> tuple[tuple[in
     values = sorted({matrix[i][j] for i in range(n) for j in range(n) if i != j}, reverse=True)
     if len(values) == 1:
         return tuple(range(n)), values[0]
+    found = bounded_ring(matrix)
+    if found.proven or n > EXACT_RING_GPUS:
+        return found.order, found.gbps
     for threshold in values:
         cycle = _hamiltonian_cycle(matrix, threshold)
         if cycle is not None:

@@ -94,6 +94,9 @@ class Tried:
     # of the next slower classes.
     plans: list[Plan] = field(default_factory=list)
     alternatives: bool = False
+    # With alternatives: one plan per (time bucket, network share) of every class, not only the
+    # fastest buckets (a replica matched to a partner over the network: the NIC decides).
+    wide: bool = False
     # Search every scope up to the limit even when no wider domain can be faster (to collect
     # alternatives when a greedy pass over a request's units failed).
     explore: bool = False
@@ -216,10 +219,16 @@ def slower_node_plans(
     tried: Tried,
 ) -> None:
     """Add to `tried.plans` the best node of the next slower time buckets: a later unit of
-    the same request may need the fastest node more."""
-    buckets = sorted({cost.time_bucket(t) for t, _ in options.values()})
-    for bucket in buckets[1:ALTERNATIVE_BUCKETS]:
-        subset = {c: v for c, v in options.items() if cost.time_bucket(v[0]) == bucket}
+    the same request may need the fastest node more (with `tried.wide`: of every time bucket
+    and network share)."""
+
+    def sort_key(v: tuple[float, tuple[NodeChoice, ...]]) -> tuple[int, float]:
+        network = min((c.min_nic_gbps for c in v[1]), default=0.0) if tried.wide else 0.0
+        return cost.time_bucket(v[0]), -network
+
+    groups = sorted({sort_key(v) for v in options.values()})
+    for group in groups if tried.wide else groups[1:ALTERNATIVE_BUCKETS]:
+        subset = {c: v for c, v in options.items() if sort_key(v) == group}
         plan = node_plan(view, slots, subset, preferred)
         if plan is not None:
             tried.plans.append(plan)

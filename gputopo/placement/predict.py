@@ -7,12 +7,14 @@ intra-node choices) and the final result (figures recomputed from the chosen GPU
 engine optimises is exactly what the answer reports. Per replica:
 
 1. inside each node, the best ring through that node's GPUs of the replica gives the intra-node
-   bandwidth (the slowest node counts);
+   bandwidth;
 2. across nodes, either the multi-node NVLink domain (all nodes in one) or the NICs: each GPU's
-   share of its nearest NIC, the slowest GPU counting;
-3. all-reduce is hierarchical, all-to-all is bounded by the slower of local and remote traffic,
-   pipeline by the slowest hop (inside a node: its ring's bottleneck; across nodes: the network);
-   a group's figure is its slowest replica.
+   share of its nearest NIC, the slowest GPU of the node counting;
+3. every node is costed on its own GPU count and figures (`cost.NodeLoad`) and the slowest node
+   sets the time: all-reduce is hierarchical (a node with few GPUs of the gang pushes a larger
+   shard through its own NICs), all-to-all is bounded by the slower of local and remote traffic
+   (a small node sends more of it off the node), pipeline by the slowest hop (inside a node:
+   its ring's bottleneck; across nodes: the network); a group's figure is its slowest replica.
 
 Edges sum the bandwidth of matched GPU shards between two replicas (shard i of the source sends
 to shard i of the target) and report the worst pair of replicas.
@@ -39,6 +41,7 @@ __all__ = [
     "collective_seconds",
     "edge_gbps",
     "edge_pairs",
+    "node_floor_seconds",
     "parts_of",
     "predict",
     "replica_figures",
@@ -126,7 +129,9 @@ def collective(
     `parts` lists distinct per-node figures with how many nodes have them (the engine estimates
     a gang of 64 identical nodes from one entry); `nodes` is how many nodes in all; `nvlink`
     says the nodes share one multi-node NVLink domain; `labels` names the nodes of `parts` (for
-    the bottleneck text).
+    the bottleneck text). Every node is costed on its own GPU count and figures
+    (`cost.NodeLoad`), so a node holding few GPUs of a gang pays for pushing its share through
+    its own NICs; the time is never below any node's own terms (`node_floor_seconds`).
     """
     n = sum(len(c.gpus) * k for c, k in parts)
     if n <= 1 or group.pattern is Pattern.NONE:
@@ -140,56 +145,110 @@ def collective(
     m = nodes
     g_max = max(len(c.gpus) for c, _ in parts)
 
-    inter_gbps, bottleneck = math.inf, _kind_name(intra_kind)
-    inter_latency = bandwidth.latency_us(LinkKind.NET)
+    bottleneck = _kind_name(intra_kind)
+    inter_latency = bandwidth.latency_us(LinkKind.NVLINK if nvlink else LinkKind.NET)
+    loads = [cost.NodeLoad(len(c.gpus), c.ring_gbps, _net_gbps(c, m, nvlink), k) for c, k in parts]
     if m > 1:
+        # the node whose GPUs push their shard slowest names the network bottleneck
+        worst = min(range(len(parts)), key=lambda i: loads[i].gpus * loads[i].net_gbps_per_gpu)
+        c, load = parts[worst][0], loads[worst]
         if nvlink:
-            inter_gbps = min(c.nvlink_gbps for c, _ in parts)
-            inter_latency = bandwidth.latency_us(LinkKind.NVLINK)
             net_name = "multi-node NVLink"
         else:
-            net_name = "NIC"
-            for i, (c, _) in enumerate(parts):
-                where = f" on {labels[i]}" if labels else ""
-                for gbps, nic in zip(c.nic_gbps, c.nic_names, strict=True):
-                    if gbps < inter_gbps:
-                        inter_gbps, net_name = gbps, f"NIC {nic or '(none)'}{where}"
-        if inter_gbps * g_max < intra_gbps or g_max == 1:
+            where = f" on {labels[worst]}" if labels else ""
+            slow = min(
+                zip(c.nic_gbps, c.nic_names, strict=True), key=lambda x: x[0], default=(0.0, "")
+            )
+            net_name = f"NIC {slow[1] or '(none)'}{where}"
+        if load.net_gbps_per_gpu * load.gpus < intra_gbps or g_max == 1:
             bottleneck = net_name
 
     if group.pattern is Pattern.ALL_REDUCE:
-        seconds = cost.hierarchical_allreduce_seconds(
+        seconds = cost.uneven_allreduce_seconds(
             size_bytes=size,
-            gpus_per_node=g_max,
-            nodes=m,
-            intra_gbps=intra_gbps if g_max > 1 else math.inf,
-            inter_gbps_per_gpu=inter_gbps,
+            loads=loads,
             intra_latency_us=intra_latency,
             inter_latency_us=inter_latency,
         )
         bus = cost.allreduce_busbw_gbps(size_bytes=size, ranks=n, seconds=seconds)
     elif group.pattern is Pattern.ALL_TO_ALL:
-        seconds = cost.alltoall_seconds(
+        seconds = cost.uneven_alltoall_seconds(
             size_bytes=size,
-            ranks=n,
-            gpus_per_node=g_max,
-            intra_gbps=intra_gbps if g_max > 1 else math.inf,
-            inter_gbps_per_gpu=inter_gbps,
+            loads=loads,
             intra_latency_us=intra_latency,
             inter_latency_us=inter_latency,
             shared=nvlink,
         )
         bus = size * (n - 1) / n / seconds / 1e9 if seconds > 0 else math.inf
     else:  # PIPELINE: the slowest hop between consecutive ranks
-        hop_gbps = min(
-            [c.ring_gbps for c, _ in parts if len(c.gpus) > 1] + ([inter_gbps] if m > 1 else [])
-        )
+        hop_gbps = min(_hop_gbps(x, m) for x in loads)
         latency = inter_latency if m > 1 else intra_latency
         seconds = cost.pipeline_seconds(
             size_bytes=size, neighbour_gbps=hop_gbps, hop_latency_us=latency
         )
         bus = hop_gbps
     return bus, seconds, bottleneck
+
+
+def _net_gbps(choice: NodeChoice, nodes: int, nvlink: bool) -> float:
+    """What each GPU of a node gets to the other nodes: the slowest GPU's NIC share, or its
+    NVLink rate inside one multi-node NVLink domain (inf on a single node)."""
+    if nodes <= 1:
+        return math.inf
+    return choice.nvlink_gbps if nvlink else choice.min_nic_gbps
+
+
+def _hop_gbps(load: cost.NodeLoad, nodes: int) -> float:
+    hops = [load.intra_gbps] if load.gpus > 1 else []
+    if nodes > 1:
+        hops.append(load.net_gbps_per_gpu)
+    return min(hops, default=math.inf)
+
+
+def node_floor_seconds(
+    group: Group, choice: NodeChoice, *, ranks: int, nodes: int, nvlink: bool
+) -> float:
+    """A lower bound, under this model, on the collective of any replica of `ranks` GPUs over
+    `nodes` nodes (or more) in which one node holds `choice`'s GPUs with at best its figures.
+
+    The model's time is at least every node's own terms (its intra-node phase plus its network
+    phase, each the slowest of all nodes in `collective`), and those terms only grow with more
+    nodes, a slower ring or a smaller network share, so the engine may prune with this.
+    """
+    g = len(choice.gpus)
+    if ranks <= 1 or group.pattern is Pattern.NONE or g == 0:
+        return 0.0
+    size = group.message_bytes
+    load = cost.NodeLoad(g, choice.ring_gbps, _net_gbps(choice, nodes, nvlink))
+    intra_latency = bandwidth.latency_us(choice.kind)
+    inter_latency = bandwidth.latency_us(LinkKind.NVLINK if nvlink else LinkKind.NET)
+    if group.pattern is Pattern.ALL_REDUCE:
+        if nodes <= 1:
+            return cost.uneven_allreduce_seconds(
+                size_bytes=size, loads=[load], intra_latency_us=intra_latency
+            )
+        other = cost.NodeLoad(1, math.inf, math.inf, nodes - 1)
+        return cost.uneven_allreduce_seconds(
+            size_bytes=size,
+            loads=[load, other],
+            intra_latency_us=intra_latency,
+            inter_latency_us=inter_latency,
+        )
+    if group.pattern is Pattern.ALL_TO_ALL:
+        return cost.alltoall_seconds(
+            size_bytes=size,
+            ranks=ranks,
+            gpus_per_node=g,
+            intra_gbps=load.intra_gbps,
+            inter_gbps_per_gpu=load.net_gbps_per_gpu,
+            intra_latency_us=intra_latency,
+            inter_latency_us=inter_latency,
+            shared=nvlink,
+        )
+    latency = inter_latency if nodes > 1 else intra_latency
+    return cost.pipeline_seconds(
+        size_bytes=size, neighbour_gbps=_hop_gbps(load, nodes), hop_latency_us=latency
+    )
 
 
 def edge_gbps(snapshot: ClusterSnapshot, source: Replica, target: Replica) -> float:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from gputopo.cluster import NodeClass
 from gputopo.placement.gang import EXACT_PER_SCOPE, optimistic_seconds, several_nodes
-from gputopo.placement.intranode import NodeChoice, choose
+from gputopo.placement.intranode import NodeChoice, choose, ring_alternatives
 from gputopo.placement.objective import WIDTH, width
 from gputopo.placement.plans import (
     ALTERNATIVE_BUCKETS,
@@ -98,9 +98,27 @@ def _one_node(
             )
         return None
     options = {c: (t, (f,)) for c, (t, f) in times.items()}
+    plan = node_plan(view, [slot], options, preferred)
     if tried.alternatives:
         slower_node_plans(view, [slot], options, preferred, tried)
-    return node_plan(view, [slot], options, preferred)
+        if plan is not None:
+            _other_gpus(view, slot, plan, island=island, preferred=preferred, tried=tried)
+    return plan
+
+
+def _other_gpus(
+    view: View, slot: Slot, plan: Plan, *, island: bool, preferred: Scope | None, tried: Tried
+) -> None:
+    """Add plans on the same node with other GPUs (`intranode.ring_alternatives`): on a node
+    with uneven links, the best pair for this replica can leave only a poor pair for the next
+    replica of the request, where a slightly slower pair leaves a good one."""
+    node = plan.pods[0].node
+    cls = view.snapshot.node_class(node)
+    for choice in ring_alternatives(cls[0], cls[1], slot.need, island=island):
+        seconds = collective_seconds(slot.group, ((choice, 1),), nodes=1, nvlink=False)
+        other = node_plan(view, [slot], {cls: (seconds, (choice,))}, preferred)
+        if other is not None:
+            tried.plans.append(other)
 
 
 def search_slot(
