@@ -11,8 +11,9 @@ The fields read, as `k8s.io/api/resource/v1/types.go` defines them:
 2. `status.allocation.nodeSelector`: for node-local devices, a node selector term with a
    `matchFields` entry `metadata.name In [node]`; that is the node. Without it, a pool named like
    a known node is taken as that node (NVIDIA's DRA driver names its pool after the node).
-3. A whole GPU of a GPU driver is named `gpu-N` by NVIDIA's DRA driver: GPU index N. Other devices
-   of a GPU driver (MIG slices, ...) are kept with `gpu=None`: used, but not a whole GPU.
+3. NVIDIA's DRA driver names a whole GPU `gpu-N` and a partition of it `gpu-N-...` (a MIG
+   slice): either way GPU N is not free for a whole-GPU placement (`whole` says which). Other
+   names of a GPU driver's devices are kept with `gpu=None`: in use, not located.
 
 The test API server (1.20) does not serve `resource.k8s.io/v1`; this reader is tested on recorded
 objects written to those types (`tests/data/dra/`). It is pure: objects in, claimed GPUs out.
@@ -28,7 +29,7 @@ from typing import Any
 __all__ = ["GPU_DRIVERS", "ClaimedDevice", "claimed_devices"]
 
 GPU_DRIVERS = frozenset({"gpu.nvidia.com"})
-_WHOLE_GPU = re.compile(r"^gpu-(\d+)$")
+_GPU = re.compile(r"^gpu-(\d+)(-.+)?$")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -39,6 +40,7 @@ class ClaimedDevice:
     gpu: int | None
     device: str
     claim: str  # namespace/name
+    whole: bool = True
 
 
 def claimed_devices(
@@ -61,8 +63,11 @@ def claimed_devices(
             node = selected or (pool if pool in nodes else "")
             if node not in nodes:
                 continue
-            whole = _WHOLE_GPU.match(device)
-            found.append(ClaimedDevice(node, int(whole[1]) if whole else None, device, name))
+            gpu = _GPU.match(device)
+            if gpu is None:
+                found.append(ClaimedDevice(node, None, device, name, whole=False))
+            else:
+                found.append(ClaimedDevice(node, int(gpu[1]), device, name, whole=not gpu[2]))
     return sorted(found)
 
 

@@ -30,6 +30,7 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from aggregator.changes import ChangeEvent, ChangeKind
+from aggregator.claimwatch import ClaimWatcher
 from aggregator.fabric import FabricSources
 from aggregator.http import HttpEndpoints
 from aggregator.http_placement import add_placement_routes
@@ -149,6 +150,7 @@ class Aggregator:
         )
         # So are bound pods: what someone else's pods hold is not free for placement.
         self.pods = PodWatcher(self.state, kube) if kube is not None else None
+        self.claims = ClaimWatcher(self.state, kube) if kube is not None else None
         self.publisher = (
             LabelPublisher(self.state, kube, self.nodes, opts.publisher, out=out)
             if kube is not None and self.nodes is not None and opts.publish_labels
@@ -249,6 +251,8 @@ class Aggregator:
             self._tasks.append(asyncio.create_task(self.nodes.run(), name="node-watch"))
         if self.pods is not None:
             self._tasks.append(asyncio.create_task(self.pods.run(), name="pod-watch"))
+        if self.claims is not None:
+            self._tasks.append(asyncio.create_task(self.claims.run(), name="claim-watch"))
         if self.elector is not None:
             await self._unmark_pod()
             self._tasks.append(asyncio.create_task(self.elector.run(), name="leader-election"))

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aggregator.changes import ChangeEvent, ChangeKind
+from aggregator.claims import ClaimedDevice
 from aggregator.fabric import FabricSources, Resolution
 from aggregator.indexes import DomainIndex
 from aggregator.occupancy import Occupancy
@@ -99,6 +100,8 @@ class ClusterState:
         # and the exact GPUs each node's kubelet says it handed out (from the exporters).
         self.occupancy = Occupancy()
         self._kubelet: dict[str, GpuUse] = {}
+        # Devices of GPU drivers that DRA ResourceClaims hold, by claim (namespace/name).
+        self._claims: dict[str, tuple[ClaimedDevice, ...]] = {}
         self.generation = 0
         self._snapshot: ClusterSnapshot | None = None
         self._snapshot_key: tuple[int, frozenset[str]] | None = None
@@ -428,7 +431,9 @@ class ClusterState:
         use = self._kubelet.get(node)
         if use is not None and use.known:
             free = free.difference(use.held)
-        taken = self.pod_held(node)
+        claimed = [d for devices in self._claims.values() for d in devices if d.node == node]
+        free = free.difference(d.gpu for d in claimed if d.gpu is not None)
+        taken = self.pod_held(node) + sum(1 for d in claimed if d.gpu is None)
         if not taken:
             return free
         return frozenset(sorted(free)[: max(len(free) - taken, 0)])
@@ -452,6 +457,24 @@ class ClusterState:
             self._kubelet[node] = use
         if node in self._nodes:
             self._changed(ChangeKind.ALLOCATION, node)
+
+    def set_claim(self, claim: str, devices: Iterable[ClaimedDevice]) -> None:
+        """The GPU devices a DRA ResourceClaim holds now (none: deallocated or deleted)."""
+        found = tuple(devices)
+        old = self._claims.get(claim, ())
+        if found == old:
+            return
+        if found:
+            self._claims[claim] = found
+        else:
+            self._claims.pop(claim, None)
+        for node in {d.node for d in (*old, *found)}:
+            if node in self._nodes:
+                self._changed(ChangeKind.ALLOCATION, node)
+
+    def claimed(self, node: str) -> list[ClaimedDevice]:
+        """Devices of GPU drivers that claims hold on a node."""
+        return sorted(d for devices in self._claims.values() for d in devices if d.node == node)
 
     def kubelet_use(self, node: str) -> GpuUse | None:
         """What a node's kubelet last said is held."""

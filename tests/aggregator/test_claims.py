@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 
 from aggregator.claims import ClaimedDevice, claimed_devices
+from aggregator.state import ClusterState
+from tests.builders import pcie_node
 
 CLAIMS = json.loads(
     (Path(__file__).parent.parent / "data" / "dra" / "resourceclaims_v1.json").read_text()
@@ -21,8 +23,8 @@ def test_allocated_gpu_claims_are_used_on_their_node_and_nothing_else_is() -> No
     assert found == [
         ClaimedDevice("h100-01", 0, "gpu-0", "team-a/train-0-gpus"),
         ClaimedDevice("h100-01", 1, "gpu-1", "team-a/train-0-gpus"),
-        # a MIG slice is in use, but it is not a whole GPU: no index is guessed
-        ClaimedDevice("h100-02", None, "gpu-3-mig-1g10gb-0", "team-b/serve-mig"),
+        # a MIG slice of GPU 3: GPU 3 is not free for a whole-GPU placement
+        ClaimedDevice("h100-02", 3, "gpu-3-mig-1g10gb-0", "team-b/serve-mig", whole=False),
     ]
 
 
@@ -35,4 +37,14 @@ def test_a_node_selector_wins_over_the_pool_name() -> None:
 
 def test_other_drivers_count_when_named() -> None:
     found = claimed_devices(CLAIMS["items"], nodes={"h100-01"}, drivers={"rdma.example.com"})
-    assert found == [ClaimedDevice("h100-01", None, "mlx5-0", "team-a/nic")]
+    assert found == [ClaimedDevice("h100-01", None, "mlx5-0", "team-a/nic", whole=False)]
+
+
+def test_claimed_gpus_leave_the_free_ones_and_come_back_when_deallocated() -> None:
+    state = ClusterState(clock=lambda: 1000.0)
+    state.add_static(pcie_node("h100-01", gpus=8))
+    devices = claimed_devices(CLAIMS["items"], nodes={"h100-01"})
+    state.set_claim("team-a/train-0-gpus", [d for d in devices if d.claim == "team-a/train-0-gpus"])
+    assert state.snapshot().node("h100-01").free == frozenset(range(2, 8))
+    state.set_claim("team-a/train-0-gpus", [])  # deallocated or deleted
+    assert len(state.snapshot().node("h100-01").free) == 8

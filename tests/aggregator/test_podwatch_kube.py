@@ -67,6 +67,13 @@ def test_gpus_of_pods_bound_elsewhere_are_not_placed_on(
         ):
             assert agg.pods is not None
             await agg.pods.synced.wait()
+            assert agg.claims is not None
+
+            async def claims_asked() -> bool:
+                return agg.claims is not None and agg.claims.served is not None
+
+            await eventually(claims_asked, timeout_s=10, what="the claims API asked about")
+            assert agg.claims.served is False  # 1.20 does not serve resource.k8s.io/v1
             with kube_apiserver.json_session() as session:
                 for name, gpus in (("train-0", 4), ("train-1", 2)):
                     body = _bound_pod(namespace, name, busy.name, gpus)

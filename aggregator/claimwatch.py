@@ -1,0 +1,70 @@
+"""The ResourceClaim watcher: GPUs that DRA allocated to claims, into the cluster state.
+
+Runs on every replica where the API server serves `resource.k8s.io/v1` (Kubernetes 1.34 and
+later); elsewhere it says so once and does nothing. Each claim seen goes through
+`aggregator.claims` to `ClusterState.set_claim`, each deleted claim clears its devices. The
+nodes considered are those the state knows when the claim is seen; a claim seen before its
+node's first report is read again on the next event or relist.
+
+The test API server (1.20) does not serve the API: the reader is tested on recorded objects, the
+watcher only for standing down where the API is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aggregator.claims import claimed_devices
+from aggregator.state import ClusterState
+from gputopo.runtime.informer import Informer
+from gputopo.runtime.kube import KubeClient, NotFoundError
+
+__all__ = ["CLAIMS_API", "ClaimWatcher"]
+
+log = logging.getLogger(__name__)
+
+CLAIMS_API = "/apis/resource.k8s.io/v1"
+
+
+def _key(claim: dict[str, Any]) -> str:
+    meta = claim.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+class ClaimWatcher:
+    """Keeps the state's DRA-claimed GPUs (see the module docstring)."""
+
+    def __init__(self, state: ClusterState, kube: KubeClient) -> None:
+        self.state = state
+        self.kube = kube
+        self.served: bool | None = None  # None until asked
+        path = f"{CLAIMS_API}/resourceclaims"
+        self.informer: Informer[dict[str, Any]] = Informer(
+            name="resourceclaims",
+            list_objects=lambda: kube.list_all(path),
+            watch=lambda version: kube.watch_json(path, version),
+            key=_key,
+            version=lambda claim: str((claim.get("metadata") or {}).get("resourceVersion", "")),
+            on_upsert=self._seen,
+            on_delete=self._deleted,
+        )
+
+    async def run(self) -> None:
+        """Watch until cancelled, if the API server serves ResourceClaims."""
+        try:
+            await self.kube.request("GET", CLAIMS_API)
+        except NotFoundError:
+            self.served = False
+            log.info("the API server does not serve resource.k8s.io/v1: DRA claims are not read")
+            await asyncio.Event().wait()  # nothing to do; stay cancellable like the others
+        self.served = True
+        await self.informer.run()
+
+    def _seen(self, claim: dict[str, Any], relisted: bool) -> None:
+        devices = claimed_devices([claim], nodes=set(self.state.node_names))
+        self.state.set_claim(_key(claim), devices)
+
+    def _deleted(self, claim: dict[str, Any]) -> None:
+        self.state.set_claim(_key(claim), [])
