@@ -12,9 +12,10 @@ HELP = "run a benchmark and print its figures (JSON with --json)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One sub-command per benchmark module."""
+    """One sub-command per benchmark module (`_name` modules are parts of one, not commands)."""
     sub = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
-    for info in sorted(pkgutil.iter_modules(benchmarks.__path__), key=lambda m: m.name):
+    found = pkgutil.iter_modules(benchmarks.__path__)
+    for info in sorted((m for m in found if not m.name.startswith("_")), key=lambda m: m.name):
         module = importlib.import_module(f"{benchmarks.__name__}.{info.name}")
         cmd = sub.add_parser(info.name.replace("_", "-"), help=module.HELP, description=module.HELP)
         module.add_arguments(cmd)
