@@ -207,3 +207,34 @@ def test_export_reads_a_running_aggregator(capsys: pytest.CaptureFixture[str]) -
 
 def test_the_commands_offer_exactly_the_label_profiles_there_are() -> None:
     assert get_args(Profile) == LABEL_PROFILES
+
+
+@pytest.mark.parametrize(
+    ("options", "want_named"),
+    [
+        pytest.param(["--dry-run"], "--dry-run", id="--dry-run alone would print nothing"),
+        pytest.param(
+            ["--scheduler-objects", "kueue"],
+            "--scheduler-objects",
+            id="--scheduler-objects alone would write nothing",
+        ),
+        pytest.param(
+            ["--leader-elect", "--dry-run"],
+            "--dry-run, --leader-elect",
+            id="--leader-elect alone would elect no one; every idle option is named",
+        ),
+    ],
+)
+def test_cluster_only_options_without_a_cluster_refuse_to_start(
+    options: list[str], want_named: str
+) -> None:
+    code = "import sys; from gputopo.app.cli import main; sys.exit(main(sys.argv[1:]))"
+    args = [sys.executable, "-c", code, "aggregator", "--grpc-port=0", "--http-port=0", *options]
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`gputopo aggregator {' '.join(options)}` started without a cluster")
+    assert proc.returncode == 2
+    assert f"{want_named} act only on a Kubernetes cluster" in proc.stderr
+    assert "--kubeconfig PATH or --in-cluster" in proc.stderr
+    assert "Traceback" not in proc.stderr
