@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             probe_advertise=args.probe_address,
             sysfs_root=sysfs_root,
             machine=machine,
+            simulated=args.simulate or "",
             discovery_interval_s=args.discovery_interval,
             gpu_probes=not args.no_gpu_probes and not args.simulate,
             peer_probes=not args.no_peer_probes,
