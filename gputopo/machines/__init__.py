@@ -129,10 +129,8 @@ class ProfileSummary:
 
     def line(self) -> str:
         """One line for a listing: name, GPUs, NICs, summary."""
-        return (
-            f"{self.name:<24} {self.gpu_count}x {self.gpu_product:<24} "
-            f"{self.nic_count} NICs  {self.summary}"
-        )
+        nics = f"{self.nic_count} NIC{'' if self.nic_count == 1 else 's'}"
+        return f"{self.name:<24} {self.gpu_count}x {self.gpu_product:<24} {nics:<7} {self.summary}"
 
 
 def describe_profiles() -> tuple[ProfileSummary, ...]:

@@ -246,11 +246,21 @@ def _import(args: argparse.Namespace) -> int:
         )
         print(json.dumps(message, indent=2))
         return 0
+    counts = (
+        (topology.gpu_count, "GPU"),
+        (len(topology.nics), "NIC"),
+        (len(topology.numa_nodes), "NUMA node"),
+        (len(topology.links), "link"),
+    )
     print(
-        f"{topology.name}: {topology.gpu_count} GPUs, {len(topology.nics)} NICs, "
-        f"{len(topology.numa_nodes)} NUMA nodes, {len(topology.links)} links"
+        f"{topology.name}: {', '.join(_counted(n, noun) for n, noun in counts)}"
         f"{', partial' if topology.partial else ''}"
     )
     for problem in topology.problems:
         print(f"  - {problem}")
     return 0
+
+
+def _counted(count: int, noun: str) -> str:
+    """`1 NIC`, `2 NICs`, `0 links`."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
