@@ -66,8 +66,9 @@ class AgentConfig:
 
     `aggregator` is `host:port` of the aggregator's gRPC endpoint; empty runs without
     reporting (metrics only). `simulated` names the machine profile a fake NVML answers from
-    (`--simulate`): the logs then say so, since a fake's driver version reads as a real one. `probe_advertise` is the `host:port` peers should probe; empty
-    means this host's address and the bound probe port.
+    (`--simulate`): the logs then say so, since a fake's driver version reads as a real one.
+    `probe_advertise` is the `host:port` peers should probe; empty means this host's address and
+    the bound probe port.
     """
 
     node_name: str
