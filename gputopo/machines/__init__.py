@@ -26,14 +26,20 @@ from importlib import resources
 import yaml
 
 from gputopo.machines.build import build_machine
+from gputopo.machines.gfd import GFD_CLIQUE, GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, gfd_labels
 from gputopo.machines.profile import Profile, ProfileError, parse_profile
 from gputopo.topology import FabricState, GpuFabric, NodeTopology
 
 __all__ = [
+    "GFD_CLIQUE",
+    "GFD_COUNT",
+    "GFD_MEMORY",
+    "GFD_PRODUCT",
     "PROFILES",
     "ProfileError",
     "ProfileSummary",
     "describe_profiles",
+    "gfd_labels",
     "gpu_uuid",
     "load_machine",
     "load_profile",

@@ -214,6 +214,8 @@ class _Decision:
 
     def run(self) -> PlacementResult | list[tuple[list[PodPlacement], Key]]:
         """Every complete placement this order yields (see `place_all`), or why none."""
+        if (missed := self._selector_miss()) is not None:
+            return missed
         required = self.request.scope.required
         if required is None or required is Scope.CLUSTER or len(self.units) == 1:
             return self.place_all(within=None)
@@ -240,6 +242,22 @@ class _Decision:
             else f"no {scope_name} domain has {need} free GPUs",
             rejections=tuple(failures[:MAX_REJECTIONS]),
         )
+
+    def _selector_miss(self) -> PlacementResult | None:
+        """A group whose node selectors (the request's and its own) match no node: that is the
+        reason, not the capacity every domain then seems to lack."""
+        for group in self.request.groups:
+            if self.allowed(group) == frozenset():
+                selectors = (self.request.node_selector, group.node_selector)
+                text = ", ".join(f"{k}={v}" for sel in selectors for k, v in sorted(sel.items()))
+                message = f"no node matches the selectors of group {group.name} ({text})"
+                return PlacementResult(
+                    False,
+                    CostAwarePolicy.name,
+                    reason=message,
+                    rejections=(Rejection("placement", RejectionCode.SELECTOR, message),),
+                )
+        return None
 
     def _enclosing(self, scope: Scope, need: int) -> list[tuple[Scope, str]]:
         snap = self.snapshot

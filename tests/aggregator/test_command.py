@@ -58,6 +58,24 @@ def test_an_inventory_alone_serves_a_simulated_cluster() -> None:
     run(body())
 
 
+def test_inventory_nodes_carry_gfd_labels_and_their_own_for_node_selectors() -> None:
+    agg = Aggregator(AggregatorConfig(inventory_path=str(SMALL), inventory_nodes=True))
+    snap = agg.state.snapshot()
+    labels = snap.node("gb200-003").labels
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-GB200"
+    assert labels["nvidia.com/gpu.count"] == "4"
+    assert labels["topology.kubernetes.io/zone"] == "zone-2"  # the inventory's own, inherited
+    req = request_from_mapping(
+        {
+            "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            "groups": [{"name": "g", "gpus_per_pod": 8}],
+        }
+    )
+    result, _ = place(snap, req)
+    assert result.placed, result.reason
+    assert result.pods[0].node.startswith("h100-")
+
+
 def test_the_inventory_outranks_what_an_exporter_reports() -> None:
     (built,) = fabric_cluster(spines=1, leaves_per_spine=1, nodes_per_leaf=1)
     node = replace(built, name="h100-02")  # the inventory puts h100-02 under leaf-1
