@@ -244,19 +244,32 @@ class _Decision:
         )
 
     def _selector_miss(self) -> PlacementResult | None:
-        """A group whose node selectors (the request's and its own) match no node: that is the
-        reason, not the capacity every domain then seems to lack."""
+        """A group that no node can take at all, said as itself rather than as the capacity every
+        domain then seems to lack: its node selectors (the request's and its own) match no node
+        (`selector`), or every node they allow is stale or unhealthy (`unhealthy`)."""
         for group in self.request.groups:
-            if self.allowed(group) == frozenset():
+            allowed = self.allowed(group)
+            candidates = self.snapshot.nodes.keys() if allowed is None else allowed
+            if allowed is not None and not allowed:
                 selectors = (self.request.node_selector, group.node_selector)
                 text = ", ".join(f"{k}={v}" for sel in selectors for k, v in sorted(sel.items()))
+                code = RejectionCode.SELECTOR
                 message = f"no node matches the selectors of group {group.name} ({text})"
-                return PlacementResult(
-                    False,
-                    CostAwarePolicy.name,
-                    reason=message,
-                    rejections=(Rejection("placement", RejectionCode.SELECTOR, message),),
+            elif candidates and not any(self.snapshot.node(n).placeable for n in candidates):
+                why = sorted({self.snapshot.node(n).reason or "not placeable" for n in candidates})
+                code = RejectionCode.UNHEALTHY
+                message = (
+                    f"none of the {len(candidates)} node(s) group {group.name} may use is "
+                    f"placeable ({', '.join(why)})"
                 )
+            else:
+                continue
+            return PlacementResult(
+                False,
+                CostAwarePolicy.name,
+                reason=message,
+                rejections=(Rejection("placement", code, message),),
+            )
         return None
 
     def _enclosing(self, scope: Scope, need: int) -> list[tuple[Scope, str]]:
