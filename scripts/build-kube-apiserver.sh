@@ -169,6 +169,18 @@ $(sed 's/^/    - /' <<<"${missing}")
   Install them, or point GPUTOPO_KUBE_APISERVER at a kube-apiserver ${KUBE_VERSION} binary."
 }
 
+# A cached binary needs only etcd: install it where apt can, else say how to give it.
+ensure_etcd() {
+  [[ -n $(etcd_path) ]] && return 0
+  if has_apt; then
+    step "installing packages: etcd-server"
+    logged as_root apt-get update -q
+    logged as_root env DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -q --no-install-recommends etcd-server
+  fi
+  [[ -n $(etcd_path) ]] || die "etcd not found; install etcd >= 3.4 or set GPUTOPO_ETCD"
+}
+
 # --check: what a build would use, or what it lacks.
 check_only() {
   local missing
@@ -398,7 +410,7 @@ main() {
   trap on_exit EXIT
   : >"${LOG_FILE}"
   if binary_works; then
-    ensure_requirements
+    ensure_etcd
   else
     build
   fi

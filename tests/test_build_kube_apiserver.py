@@ -115,3 +115,16 @@ def test_a_system_without_apt_is_told_what_to_install(
     assert run.returncode == 1
     assert want in run.stderr
     assert "etcd >= 3.4 (not found: set GPUTOPO_ETCD" in run.stderr
+
+
+def test_a_cached_binary_without_etcd_asks_for_etcd_only(bare_path: Path, tmp_path: Path) -> None:
+    cached = tmp_path / "cache" / "kube-apiserver-v1.20.2" / "kube-apiserver"
+    cached.parent.mkdir(parents=True)
+    _fake(cached, "Kubernetes v1.20.2")
+    run = _run(bare_path, tmp_path, GPUTOPO_ETCD=NO_ETCD)
+    assert run.returncode == 1
+    assert "etcd not found; install etcd >= 3.4 or set GPUTOPO_ETCD" in run.stderr
+    assert "Go >=" not in run.stderr
+    etcd = _fake(tmp_path / "etcd", "etcd Version: 3.4.23")
+    run = _run(bare_path, tmp_path, GPUTOPO_ETCD=str(etcd))
+    assert (run.returncode, run.stdout) == (0, f"{cached}\n"), run.stderr
