@@ -354,4 +354,6 @@ class FabricSources:
         probe = self._probe_tiers.get(node)
         if probe:
             facts.append(SourceFacts("probes", "low", tiers=probe))
-        return resolve(f for f in facts if f is not None)
+        # A node served from the inventory (--inventory-nodes) reports the inventory's own
+        # position back; the same facts from the same source are one source, listed once.
+        return resolve(dict.fromkeys(f for f in facts if f is not None))

@@ -44,8 +44,9 @@ from google.protobuf.message import Message
 
 from aggregator.occupancy import pod_gpus
 from aggregator.service import PlacementError, PlacementService
+from gputopo.codec.placement import request_json_with_wire_names
 from gputopo.placement.pernode import fit_on_nodes, scores
-from gputopo.request import DEFAULT_MESSAGE_BYTES, Group, Pattern
+from gputopo.request import DEFAULT_MESSAGE_BYTES, Group, Pattern, RequestError
 from gputopo.v1 import placement_pb2 as ppb
 
 __all__ = ["GPU_RESOURCE", "add_placement_routes"]
@@ -74,13 +75,22 @@ def _error(status: grpc.StatusCode, message: str) -> web.Response:
 def _mirror(
     handler: Callable[[Any], Message | Awaitable[Message]], message_type: type[Message]
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """An aiohttp handler that parses `message_type` from JSON, calls `handler`, answers JSON."""
+    """An aiohttp handler that parses `message_type` from JSON, calls `handler`, answers JSON.
+
+    A body's `request` (Place, Explain) may use the YAML form's spellings (`nvlink`,
+    `all_reduce`, edges `from`/`to`) besides protobuf's names: one vocabulary for requests.
+    """
 
     async def serve(request: web.Request) -> web.Response:
         try:
             body = await request.json()
         except ValueError as err:
             return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body: not JSON ({err})")
+        try:
+            if isinstance(body, dict) and "request" in body:
+                body = {**body, "request": request_json_with_wire_names(body["request"])}
+        except RequestError as err:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         try:
             msg = json_format.ParseDict(body, message_type())
         except json_format.ParseError as err:

@@ -45,7 +45,7 @@ from aggregator.publisher import LabelPublisher, PublisherConfig, node_facts
 from aggregator.schedwriter import SchedulerObjectWriter
 from aggregator.service import PlacementService
 from aggregator.state import ClusterState
-from gputopo.inventory import Inventory, inventory_topologies, load_inventory
+from gputopo.inventory import Inventory, inventory_labels, inventory_topologies, load_inventory
 from gputopo.reservations import Reservation
 from gputopo.runtime import grpcio
 from gputopo.runtime.kube import KubeClient, KubeError
@@ -203,8 +203,9 @@ class Aggregator:
 
     def _add_inventory_nodes(self, inventory: Inventory) -> None:
         topologies, used = inventory_topologies(inventory)
+        labels = inventory_labels(inventory, topologies)
         for topo in topologies:
-            self.state.add_static(topo)
+            self.state.add_static(topo, labels=labels[topo.name])
         self.state.restore(
             Reservation(
                 id=f"inventory-used-{node}",

@@ -286,8 +286,12 @@ class ClusterState:
         """A Node object's labels and the keys we own, as last seen; None if never seen."""
         return self._kube_labels.get(node)
 
-    def add_static(self, topology: NodeTopology) -> None:
-        """A node known without an exporter (from an inventory): never stale."""
+    def add_static(
+        self, topology: NodeTopology, *, labels: Mapping[str, str] | None = None
+    ) -> None:
+        """A node known without an exporter (from an inventory): never stale. `labels` serve
+        node selectors until the node's Kubernetes labels, if it has a Node object, replace
+        them."""
         effective, resolution = self._effective(topology.name, topology)
         self._nodes[topology.name] = NodeRecord(
             effective,
@@ -298,6 +302,7 @@ class ClusterState:
             source="inventory",
             reported=topology,
             resolution=resolution,
+            labels=dict(labels or {}),
         )
         self._changed(ChangeKind.NODE, topology.name)
 

@@ -67,8 +67,10 @@ class AgentConfig:
     """Where the agent serves and reports, and how often it looks.
 
     `aggregator` is `host:port` of the aggregator's gRPC endpoint; empty runs without
-    reporting (metrics only). `probe_advertise` is the `host:port` peers should probe; empty
-    means this host's address and the bound probe port.
+    reporting (metrics only). `simulated` names the machine profile a fake NVML answers from
+    (`--simulate`): the logs then say so, since a fake's driver version reads as a real one.
+    `probe_advertise` is the `host:port` peers should probe; empty means this host's address and
+    the bound probe port.
     """
 
     node_name: str
@@ -80,6 +82,7 @@ class AgentConfig:
     probe_advertise: str = ""
     sysfs_root: Path = Path("/sys")
     machine: str = ""
+    simulated: str = ""
     discovery_interval_s: float = 60.0
     discovery_jitter: float = 0.1
     heartbeat_interval_s: float = 5.0
@@ -273,7 +276,12 @@ class Agent:
     def _log_nvml(self, before: NvmlStatus | None, now: NvmlStatus) -> None:
         if before == now:
             return
-        if now.up:
+        if now.up and self.config.simulated:
+            log.info(
+                "NVML simulated: fake machine %s (no GPU, driver or CUDA is real)",
+                self.config.simulated,
+            )
+        elif now.up:
             log.info("NVML up: driver %s, CUDA %s", now.driver_version, now.cuda_version)
         else:
             log.warning("NVML is not available (%s): reporting a node without GPUs", now.reason)

@@ -41,7 +41,7 @@ from typing import Any
 
 import yaml
 
-from gputopo.machines import load_machine, with_gpu_fabric
+from gputopo.machines import gfd_labels, load_machine, with_gpu_fabric
 from gputopo.topology import FabricPosition, NodeTopology
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "InventoryNode",
     "compact_hostlist",
     "expand_hostlist",
+    "inventory_labels",
     "inventory_topologies",
     "load_inventory",
     "parse_inventory",
@@ -380,6 +381,19 @@ def _strmap(raw: Any, where: str) -> Mapping[str, str]:
         return {}
     m = _mapping(raw, where)
     return {str(k): str(v) for k, v in m.items()}
+
+
+def inventory_labels(
+    inventory: Inventory, topologies: Iterable[NodeTopology]
+) -> dict[str, dict[str, str]]:
+    """Each inventory node's labels: what GPU Feature Discovery would write for its machine
+    (`gfd_labels`), then the labels the inventory gives it, which win. Node selectors written
+    for a real cluster (`nvidia.com/gpu.product: NVIDIA-GB200`) thus match a simulated one."""
+    out: dict[str, dict[str, str]] = {}
+    for topology in topologies:
+        node = inventory.nodes.get(topology.name)
+        out[topology.name] = {**gfd_labels(topology), **(node.labels if node else {})}
+    return out
 
 
 def inventory_topologies(

@@ -32,7 +32,10 @@ __all__ = [
     "RequestError",
     "Scope",
     "Spread",
+    "pairing_from_text",
+    "pattern_from_text",
     "request_from_mapping",
+    "scope_from_text",
     "validate",
 ]
 
@@ -274,8 +277,38 @@ def request_from_mapping(data: Any) -> PlacementRequest:
         priority=_int("priority", root.get("priority", 0), minimum=-(2**31)),
         policy=_str("policy", root.get("policy", "")),
     )
-    validate(request)
+    try:
+        validate(request)
+    except RequestError as err:
+        raise RequestError(_yaml_path(err.field), err.reason) from None
     return request
+
+
+# `validate` names an edge's ends as the domain (and protobuf) does; the YAML form says from/to.
+_EDGE_END = re.compile(r"^(edges\[\d+\])\.(source|target)$")
+_YAML_EDGE_KEYS = {"source": "from", "target": "to"}
+
+
+def _yaml_path(field_path: str) -> str:
+    """A field path as the YAML form spells it (`edges[0].target` -> `edges[0].to`)."""
+    match = _EDGE_END.match(field_path)
+    return f"{match[1]}.{_YAML_EDGE_KEYS[match[2]]}" if match else field_path
+
+
+def scope_from_text(path: str, value: Any) -> Scope:
+    """A scope as a user writes it (`nvlink`, `leaf`, `tier-0`, `rack`, ...); `RequestError`
+    naming `path` and the valid values otherwise. The one vocabulary of YAML, CLI and HTTP."""
+    return _scope(path, value)
+
+
+def pattern_from_text(path: str, value: Any) -> Pattern:
+    """A collective pattern as a user writes it (`all_reduce`, `all-to-all`, `none`, ...)."""
+    return _enum(path, Pattern, value)
+
+
+def pairing_from_text(path: str, value: Any) -> Pairing:
+    """An edge's pairing as a user writes it (`all`, `one_to_one`)."""
+    return _enum(path, Pairing, value)
 
 
 def _group(path: str, data: Any) -> Group:

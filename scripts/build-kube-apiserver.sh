@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
-# Build kube-apiserver v1.20.2 from Debian bookworm's `kubernetes` source package and cache it.
+# Build kube-apiserver v1.20.2 from Debian's `kubernetes` source package and cache it.
 #
 # Why: the tests marked `kube` need a real API server, and no registry we may use ships one.
-# Debian's source package is the full upstream v1.20.2 tree; Debian builds only kubectl from it,
-# but kube-apiserver builds from the same tree with Debian's Go 1.19 and runs on Debian's etcd.
+# Debian's source package (bookworm, pinned by hash below) is the full upstream v1.20.2 tree;
+# Debian builds only kubectl from it, but kube-apiserver builds from the same tree with Go and runs
+# on etcd. Nothing in the build is Debian-specific: the source is two tarballs fetched over HTTP
+# and the toolchain is whatever Go is on PATH, so it runs on any Linux where Go and etcd can be
+# installed. On apt systems (Debian, Ubuntu) it installs what is missing itself.
 #
 # Contract:
-#   - stdout gets exactly one line, the path of the cached binary; progress goes to stderr.
+#   - stdout gets exactly one line, the path of the kube-apiserver to use; progress goes to stderr.
+#   - GPUTOPO_KUBE_APISERVER set: check that it runs and reports v1.20.2, and that etcd is there;
+#     print it and build nothing (the test harness reads the same variable).
 #   - A cached binary that runs (`--version`) with etcd installed: print its path and exit at once.
-#   - Otherwise install the missing Debian packages (root, or sudo), fetch the source, build in a
-#     temporary work dir, install the binary atomically, and delete the work dir (Go's build cache
-#     is about 1.4 GB) unless KEEP_BUILD=1.
+#   - `--check`: say which Go, etcd and tools the build would use, or what is missing; build
+#     nothing (exit 1 when something is missing).
+#   - Otherwise install what is missing (apt systems, root or sudo; elsewhere it says what to
+#     install), fetch and verify the source, build in a temporary work dir, install the binary
+#     atomically, and delete the work dir (Go's build cache is about 1.4 GB) unless KEEP_BUILD=1.
 #   - Cache: ${GPUTOPO_CACHE_DIR:-$HOME/.cache/gputopo}/kube-apiserver-v1.20.2/kube-apiserver,
 #     the same rule tests/harness/kube.py uses to find it.
 #   - On failure: the last lines of the build log and the log's path.
+#
+# Tested end to end on Debian 12 (Go 1.19, etcd 3.4). Go 1.19 to 1.22 should build the tree
+# unchanged; from Go 1.23 the linker's //go:linkname check is turned off for this old tree.
 set -euo pipefail
 
 readonly KUBE_VERSION=v1.20.2
@@ -22,22 +32,26 @@ readonly INSTALL_DIR="${CACHE_DIR}/kube-apiserver-${KUBE_VERSION}"
 readonly BINARY="${INSTALL_DIR}/kube-apiserver"
 readonly LOG_FILE="${CACHE_DIR}/build-kube-apiserver.log"
 readonly DEBIAN_MIRROR="${GPUTOPO_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-readonly SRC_LIST=/etc/apt/sources.list.d/gputopo-bookworm-src.sources
-readonly GO=/usr/bin/go
-# The build needs Go, dpkg-source and the fixed reflect2/json-iterator; the tests need etcd.
-readonly BUILD_PACKAGES=(
-  golang-go
-  etcd-server
-  dpkg-dev
-  golang-github-modern-go-reflect2-dev
-  golang-github-json-iterator-go-dev
+# Debian bookworm's source package of upstream v1.20.2: the upstream tarball and Debian's
+# patches, with the SHA-256 sums its signed .dsc lists.
+readonly SOURCE_VERSION=1.20.5+really1.20.2-1.1+deb12u1
+readonly SOURCE_POOL="${DEBIAN_MIRROR}/pool/main/k/kubernetes"
+readonly SOURCE_FILES=(
+  "b83c0780efb182d928dc63d46488a847f161f04e40a94b96bf5247dd671ecdfc kubernetes_1.20.5+really1.20.2.orig.tar.gz"
+  "9b6e5fd41769d2b5badf2e73b274e3bcd90f85e13d06a1a4a845ccce018127d8 kubernetes_1.20.5+really1.20.2-1.1+deb12u1.debian.tar.xz"
 )
-readonly RUNTIME_PACKAGES=(etcd-server)
+readonly GO_MIN_MINOR=19
+# The reflect2/json-iterator versions that work on Go >= 1.18 (see replace_broken_vendor).
+readonly FIXED_VENDOR=(
+  "github.com/modern-go/reflect2 v1.0.2 golang-github-modern-go-reflect2-dev"
+  "github.com/json-iterator/go v1.1.12 golang-github-json-iterator-go-dev"
+)
 # Go packages the generated openapi file must not cover (upstream's Makefile.generated_files).
 readonly OPENAPI_EXCLUDE='^vendor/k8s.io/(code-generator|sample-apiserver)/'
 
 WORK_DIR=""
-SOURCE_VERSION=""
+GO=""
+GO_MINOR=0
 STEP="starting"
 STARTED_AT=${SECONDS}
 
@@ -74,78 +88,164 @@ binary_works() {
   [[ -x ${BINARY} ]] && "${BINARY}" --version 2>/dev/null | grep -qF "Kubernetes ${KUBE_VERSION}"
 }
 
+# etcd as the test harness finds it: $GPUTOPO_ETCD, else `etcd` on PATH, else /usr/bin/etcd.
 etcd_path() {
-  command -v etcd 2>/dev/null || true
-}
-
-is_installed() {
-  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
-}
-
-install_missing() {
-  local missing=() pkg
-  for pkg in "$@"; do
-    is_installed "${pkg}" || missing+=("${pkg}")
-  done
-  ((${#missing[@]} == 0)) && return 0
-  step "installing Debian packages: ${missing[*]}"
-  logged as_root apt-get update -q
-  logged as_root env DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y -q --no-install-recommends "${missing[@]}"
-}
-
-check_debian_bookworm() {
-  local codename
-  codename=$(sed -n 's/^VERSION_CODENAME=//p' /etc/os-release 2>/dev/null || true)
-  [[ ${codename} == bookworm ]] || die "this build needs Debian 12 (bookworm), found '${codename:-unknown}'.
-  Elsewhere, point GPUTOPO_KUBE_APISERVER at a kube-apiserver ${KUBE_VERSION} binary instead."
-}
-
-has_kubernetes_source() {
-  apt-cache showsrc kubernetes 2>/dev/null | grep -q '^Package: kubernetes$'
-}
-
-# Add a bookworm deb-src entry in a file of our own, but only when no source index is usable.
-ensure_source_index() {
-  has_kubernetes_source && return 0
-  if [[ ! -e ${SRC_LIST} ]]; then
-    say "adding a bookworm deb-src entry in ${SRC_LIST}"
-    as_root tee "${SRC_LIST}" >/dev/null <<EOF
-Types: deb-src
-URIs: ${DEBIAN_MIRROR}
-Suites: bookworm bookworm-updates
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOF
+  local candidate
+  if [[ -n ${GPUTOPO_ETCD:-} ]]; then
+    [[ -f ${GPUTOPO_ETCD} && -x ${GPUTOPO_ETCD} ]] && printf '%s\n' "${GPUTOPO_ETCD}"
+    return 0
   fi
-  logged as_root apt-get update -q
-  has_kubernetes_source || die "apt-get knows no source package 'kubernetes' even after update"
+  candidate=$(command -v etcd 2>/dev/null || true)
+  [[ -z ${candidate} && -x /usr/bin/etcd ]] && candidate=/usr/bin/etcd
+  [[ -n ${candidate} ]] && printf '%s\n' "${candidate}"
+  return 0
 }
 
-# Fetch and unpack the source into $GOPATH/src/k8s.io/kubernetes; GOPATH mode needs that path
+has_apt() {
+  command -v apt-get >/dev/null 2>&1
+}
+
+# Go as the build uses it: $GPUTOPO_GO, else `go` on PATH. Sets GO and GO_MINOR; GO stays empty
+# when there is none.
+find_go() {
+  local candidate version
+  GO=""
+  GO_MINOR=0
+  candidate=${GPUTOPO_GO:-$(command -v go 2>/dev/null || true)}
+  [[ -n ${candidate} && -x ${candidate} ]] || return 0
+  version=$("${candidate}" version 2>/dev/null || true)
+  [[ ${version} =~ go1\.([0-9]+) ]] || return 0
+  GO=${candidate}
+  GO_MINOR=${BASH_REMATCH[1]}
+}
+
+# What is missing for a build, one line each (empty: nothing is).
+missing_requirements() {
+  local tool
+  find_go
+  if [[ -z ${GO} ]]; then
+    echo "Go >= 1.${GO_MIN_MINOR} (not found: set GPUTOPO_GO or put go on PATH; https://go.dev/dl)"
+  elif ((GO_MINOR < GO_MIN_MINOR)); then
+    echo "Go >= 1.${GO_MIN_MINOR} (${GO} is go1.${GO_MINOR}; set GPUTOPO_GO to a newer one)"
+  fi
+  [[ -n $(etcd_path) ]] || echo "etcd >= 3.4 (not found: set GPUTOPO_ETCD or put etcd on PATH)"
+  for tool in curl tar gzip xz patch sha256sum flock; do
+    command -v "${tool}" >/dev/null 2>&1 || echo "${tool}"
+  done
+}
+
+# The Debian/Ubuntu packages that provide what `missing_requirements` lists.
+apt_packages_for() {
+  local line
+  while IFS= read -r line; do
+    case ${line} in
+      Go*) echo golang-go ;;
+      etcd*) echo etcd-server ;;
+      xz) echo xz-utils ;;
+      sha256sum) echo coreutils ;;
+      flock) echo util-linux ;;
+      *) echo "${line}" ;;
+    esac
+  done
+}
+
+# Install what is missing where apt can; elsewhere name it and stop.
+ensure_requirements() {
+  local missing packages
+  [[ $(uname -s) == Linux ]] || die "kube-apiserver and etcd run on Linux only, this is $(uname -s).
+  Point GPUTOPO_KUBE_APISERVER at a kube-apiserver ${KUBE_VERSION} binary (and GPUTOPO_ETCD at etcd) instead."
+  missing=$(missing_requirements)
+  if [[ -n ${missing} ]] && has_apt; then
+    packages=$(apt_packages_for <<<"${missing}" | sort -u | paste -sd' ' -)
+    step "installing packages: ${packages}"
+    logged as_root apt-get update -q
+    # shellcheck disable=SC2086 # one word per package
+    logged as_root env DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -q --no-install-recommends ${packages}
+    missing=$(missing_requirements)
+  fi
+  [[ -z ${missing} ]] || die "the build needs:
+$(sed 's/^/    - /' <<<"${missing}")
+  Install them, or point GPUTOPO_KUBE_APISERVER at a kube-apiserver ${KUBE_VERSION} binary."
+}
+
+# A cached binary needs only etcd: install it where apt can, else say how to give it.
+ensure_etcd() {
+  [[ -n $(etcd_path) ]] && return 0
+  if has_apt; then
+    step "installing packages: etcd-server"
+    logged as_root apt-get update -q
+    logged as_root env DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -q --no-install-recommends etcd-server
+  fi
+  [[ -n $(etcd_path) ]] || die "etcd not found; install etcd >= 3.4 or set GPUTOPO_ETCD"
+}
+
+# --check: what a build would use, or what it lacks.
+check_only() {
+  local missing
+  missing=$(missing_requirements)
+  find_go
+  if [[ -n ${GO} ]]; then
+    say "go: ${GO} (go1.${GO_MINOR})"
+  fi
+  [[ -n $(etcd_path) ]] && say "etcd: $(etcd_path)"
+  say "source: Debian's kubernetes ${SOURCE_VERSION} from ${SOURCE_POOL}"
+  if [[ -z ${missing} ]]; then
+    say "ready to build ${KUBE_VERSION} into ${BINARY}"
+    return 0
+  fi
+  say "missing:"
+  sed 's/^/    - /' <<<"${missing}" >&2
+  if has_apt; then
+    say "(apt-get is present: a build installs them)"
+    return 0
+  fi
+  return 1
+}
+
+# Fetch the pinned tarballs, check their hashes, unpack upstream's tree and apply Debian's
+# patches in series order into $GOPATH/src/k8s.io/kubernetes; GOPATH mode needs that path
 # because the tree's go.mod and vendor/modules.txt disagree under module mode.
 fetch_source() {
-  local download="${WORK_DIR}/download" tree
-  step "fetching source (apt-get source kubernetes, about 35 MB)"
+  local download="${WORK_DIR}/download" entry sum name tree patch
+  step "fetching source (Debian's kubernetes ${SOURCE_VERSION}, about 35 MB)"
   mkdir -p "${download}" "${GOPATH}/src/k8s.io"
-  (cd "${download}" && logged apt-get source -q kubernetes)
-  tree=$(find "${download}" -mindepth 1 -maxdepth 1 -type d -name 'kubernetes-*')
-  SOURCE_VERSION=$(cd "${download}" && ls kubernetes_*.dsc)
-  SOURCE_VERSION=${SOURCE_VERSION#kubernetes_}
-  SOURCE_VERSION=${SOURCE_VERSION%.dsc}
-  [[ ${tree} == *really1.20.2 || ${tree} == */kubernetes-1.20.2 ]] ||
-    die "Debian's kubernetes source is '${tree##*/}', not upstream ${KUBE_VERSION}"
+  for entry in "${SOURCE_FILES[@]}"; do
+    sum=${entry%% *}
+    name=${entry#* }
+    logged curl -fsSL --retry 3 -o "${download}/${name}" "${SOURCE_POOL}/${name}"
+    printf '%s  %s\n' "${sum}" "${download}/${name}" | sha256sum -c --status ||
+      die "${name} from ${SOURCE_POOL} does not have the SHA-256 its Debian .dsc lists"
+  done
+  tar -xzf "${download}/${SOURCE_FILES[0]#* }" -C "${download}"
+  tree="${download}/kubernetes-${KUBE_VERSION#v}"
+  [[ -d ${tree} ]] || die "the upstream tarball has no kubernetes-${KUBE_VERSION#v}/"
+  tar -xJf "${download}/${SOURCE_FILES[1]#* }" -C "${tree}"
+  while IFS= read -r patch; do
+    [[ -z ${patch} || ${patch} == \#* ]] && continue
+    logged patch -d "${tree}" -p1 --batch --forward -i "debian/patches/${patch}"
+  done <"${tree}/debian/patches/series"
   mv "${tree}" "${GOPATH}/src/k8s.io/kubernetes"
 }
 
-# Vendored reflect2 1.0.1 faults on Go >= 1.18 at the first custom-resource write; Debian's
-# reflect2 1.0.2 and json-iterator 1.1.12 fix it.
+# Vendored reflect2 1.0.1 faults on Go >= 1.18 at the first custom-resource write; reflect2 1.0.2
+# and json-iterator 1.1.12 fix it. Debian's packages of them when installed, else the same
+# versions from the Go module proxy.
 replace_broken_vendor() {
-  local dep
-  for dep in github.com/modern-go/reflect2 github.com/json-iterator/go; do
-    [[ -d /usr/share/gocode/src/${dep} ]] || die "missing /usr/share/gocode/src/${dep}"
+  local entry dep version dir
+  for entry in "${FIXED_VENDOR[@]}"; do
+    read -r dep version _ <<<"${entry}"
+    dir="/usr/share/gocode/src/${dep}"
+    if [[ ! -d ${dir} ]]; then
+      dir=$(GO111MODULE=on GOFLAGS=-modcacherw GOPROXY="${GPUTOPO_GOPROXY:-https://proxy.golang.org}" \
+        "${GO}" mod download -json "${dep}@${version}" 2>>"${LOG_FILE}" |
+        sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
+      [[ -d ${dir} ]] || die "could not get ${dep}@${version} (Debian's package or the Go module proxy)"
+    fi
     rm -rf "vendor/${dep}"
-    cp -rL "/usr/share/gocode/src/${dep}" "vendor/${dep}"
+    cp -rL "${dir}" "vendor/${dep}"
+    chmod -R u+w "vendor/${dep}"
   done
 }
 
@@ -184,6 +284,8 @@ generate_openapi() {
 
 version_ldflags() {
   local pkg key value flags="-s -w"
+  # Go 1.23 refuses //go:linkname pulls into the runtime that this 2021 tree's vendor makes.
+  ((GO_MINOR >= 23)) && flags+=" -checklinkname=0"
   local -A values=(
     [gitVersion]="${KUBE_VERSION}"
     [gitMajor]=1
@@ -249,14 +351,14 @@ on_exit() {
 report_etcd() {
   local etcd
   etcd=$(etcd_path)
-  [[ -n ${etcd} ]] || die "etcd is not on PATH; install Debian's etcd-server"
+  [[ -n ${etcd} ]] || die "etcd not found; install etcd >= 3.4 or set GPUTOPO_ETCD"
   say "etcd: ${etcd} ($("${etcd}" --version 2>/dev/null | head -n1))"
 }
 
 build() {
-  check_debian_bookworm
-  install_missing "${BUILD_PACKAGES[@]}"
-  ensure_source_index
+  ensure_requirements
+  find_go
+  say "go: ${GO} (go1.${GO_MINOR})"
   WORK_DIR=$(mktemp -d "${TMPDIR:-/tmp}/gputopo-kube-apiserver.XXXXXX")
   export GOPATH="${WORK_DIR}/gopath" GOCACHE="${WORK_DIR}/gocache"
   export GO111MODULE=off GOPROXY=off GOFLAGS="" CGO_ENABLED=0
@@ -269,7 +371,30 @@ build() {
   say "built in $((SECONDS - STARTED_AT)) s"
 }
 
+# GPUTOPO_KUBE_APISERVER names the binary to test with: check it, build nothing.
+use_given_binary() {
+  local given=${GPUTOPO_KUBE_APISERVER} version etcd
+  [[ -f ${given} && -x ${given} ]] || die "GPUTOPO_KUBE_APISERVER=${given} is not an executable file;
+  unset it to build ${KUBE_VERSION} here, or point it at a kube-apiserver ${KUBE_VERSION} binary"
+  version=$("${given}" --version 2>/dev/null | head -n1 || true)
+  [[ ${version} == "Kubernetes ${KUBE_VERSION}" ]] ||
+    die "GPUTOPO_KUBE_APISERVER=${given} reports '${version:-no version}'; the tests need ${KUBE_VERSION}"
+  etcd=$(etcd_path)
+  [[ -n ${etcd} ]] || die "GPUTOPO_KUBE_APISERVER is set, but etcd was not found: install etcd >= 3.4
+  or set GPUTOPO_ETCD to its path"
+  say "GPUTOPO_KUBE_APISERVER is set: using ${given}, building nothing (etcd: ${etcd})"
+  printf '%s\n' "${given}"
+}
+
 main() {
+  if [[ ${1:-} == --check ]]; then
+    check_only
+    return
+  fi
+  if [[ -n ${GPUTOPO_KUBE_APISERVER:-} ]]; then
+    use_given_binary
+    return
+  fi
   if binary_works && [[ -n $(etcd_path) ]]; then
     say "cached: ${BINARY} (etcd: $(etcd_path))"
     printf '%s\n' "${BINARY}"
@@ -285,7 +410,7 @@ main() {
   trap on_exit EXIT
   : >"${LOG_FILE}"
   if binary_works; then
-    install_missing "${RUNTIME_PACKAGES[@]}"
+    ensure_etcd
   else
     build
   fi

@@ -32,6 +32,14 @@ def test_machines_lists_every_profile(capsys: pytest.CaptureFixture[str]) -> Non
     assert all(p in out for p in PROFILES)
 
 
+def test_machines_counts_one_nic_in_the_singular(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["machines"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
+    assert " 1 NIC " in lines["dgx1-v100"]
+    assert " 8 NICs " in lines["dgx-h100"]
+    assert "1 NICs" not in "".join(lines.values())
+
+
 def test_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["no-such-command"])

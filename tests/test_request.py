@@ -115,9 +115,15 @@ def test_full_form() -> None:
         ),
         pytest.param(
             {"groups": [{"name": "a"}], "edges": [{"from": "a", "to": "b"}]},
-            "edges[0].target",
+            "edges[0].to",
             "no group named",
-            id="an edge to nowhere",
+            id="an edge to nowhere is named by its YAML key",
+        ),
+        pytest.param(
+            {"groups": [{"name": "a"}], "edges": [{"from": "c", "to": "a"}]},
+            "edges[0].from",
+            "no group named",
+            id="an edge from nowhere is named by its YAML key",
         ),
         pytest.param(
             {"groups": [{"name": "a"}], "edges": [{"from": "a", "to": "a"}]},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 from gputopo.codec._base import CodecError, wire_enum
 from gputopo.placement.result import (
@@ -25,10 +26,19 @@ from gputopo.request import (
     PlacementRequest,
     Scope,
     Spread,
+    pairing_from_text,
+    pattern_from_text,
+    scope_from_text,
 )
 from gputopo.v1 import placement_pb2 as ppb
 
-__all__ = ["request_from_proto", "request_to_proto", "result_from_proto", "result_to_proto"]
+__all__ = [
+    "request_from_proto",
+    "request_json_with_wire_names",
+    "request_to_proto",
+    "result_from_proto",
+    "result_to_proto",
+]
 
 _PATTERN_TO = {
     Pattern.NONE: ppb.PATTERN_NONE,
@@ -59,6 +69,87 @@ def _constraint_from(msg: ppb.Constraint, path: str) -> Constraint:
         _scope_from(msg.required, f"{path}.required"),
         _scope_from(msg.preferred, f"{path}.preferred"),
     )
+
+
+def request_json_with_wire_names(data: Any, path: str = "request") -> Any:
+    """A `PlacementRequest` in protobuf's JSON mapping, its enum values as protobuf names.
+
+    Why: the HTTP mirror parses bodies with protobuf's JSON parser, which knows only
+    `SCOPE_NVLINK` and `PATTERN_ALL_REDUCE` and answers anything else with its own parser text.
+    Users write the YAML form's spellings (`nvlink`, `all_reduce`, `tier-0`, edges `from`/`to`),
+    so those are translated here with the YAML form's own parsers: one vocabulary, and an unknown
+    spelling is a `RequestError` naming the field and the valid values. A protobuf name or number
+    passes unchanged; a shape that is not a request's is left for the protobuf parser to refuse.
+    """
+    if not isinstance(data, Mapping):
+        return data
+    out = dict(data)
+    _wire_constraint(out, "scope", path)
+    groups = out.get("groups")
+    if isinstance(groups, list):
+        out["groups"] = [_wire_group(g, f"{path}.groups[{i}]") for i, g in enumerate(groups)]
+    edges = out.get("edges")
+    if isinstance(edges, list):
+        out["edges"] = [_wire_edge(e, f"{path}.edges[{i}]") for i, e in enumerate(edges)]
+    return out
+
+
+def _is_spelled(value: Any, enum_type: Any) -> bool:
+    """Whether protobuf's JSON parser takes `value` as it is (a name of the enum, or a number)."""
+    if not isinstance(value, str):
+        return True
+    try:
+        enum_type.Value(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _wire_scope(holder: dict[str, Any], key: str, path: str) -> None:
+    value = holder.get(key)
+    if value is not None and not _is_spelled(value, ppb.Scope):
+        holder[key] = ppb.Scope.Name(_scope_to(scope_from_text(f"{path}.{key}", value)))
+
+
+def _wire_constraint(holder: dict[str, Any], key: str, path: str) -> None:
+    constraint = holder.get(key)
+    if isinstance(constraint, Mapping):
+        holder[key] = dict(constraint)
+        for end in ("required", "preferred"):
+            _wire_scope(holder[key], end, f"{path}.{key}")
+
+
+def _wire_group(data: Any, path: str) -> Any:
+    if not isinstance(data, Mapping):
+        return data
+    group = dict(data)
+    _wire_constraint(group, "scope", path)
+    if isinstance(group.get("spread"), Mapping):
+        group["spread"] = dict(group["spread"])
+        _wire_scope(group["spread"], "across", f"{path}.spread")
+    pattern = group.get("pattern")
+    if pattern is not None and not _is_spelled(pattern, ppb.Pattern):
+        wire = _PATTERN_TO[pattern_from_text(f"{path}.pattern", pattern)]
+        group["pattern"] = ppb.Pattern.Name(wire)
+    return group
+
+
+def _wire_edge(data: Any, path: str) -> Any:
+    if not isinstance(data, Mapping):
+        return data
+    edge = dict(data)
+    for yaml_key, wire_key in _EDGE_KEYS.items():
+        if yaml_key in edge and wire_key not in edge:
+            edge[wire_key] = edge.pop(yaml_key)
+    pairing = edge.get("pairing")
+    if pairing is not None and not _is_spelled(pairing, ppb.Pairing):
+        one_to_one = pairing_from_text(f"{path}.pairing", pairing) is Pairing.ONE_TO_ONE
+        edge["pairing"] = "PAIRING_ONE_TO_ONE" if one_to_one else "PAIRING_ALL"
+    return edge
+
+
+# The YAML form's names for an edge's ends, and the message's.
+_EDGE_KEYS = {"from": "source", "to": "target"}
 
 
 def request_to_proto(r: PlacementRequest) -> ppb.PlacementRequest:

@@ -15,7 +15,10 @@ NIC legend) and checks the shape; `parse_topo_matrix` gives the cells meaning:
 2. A GPU's NUMA node is the lowest id of its `NUMA Affinity` list; a NIC's NUMA node is that of
    the GPUs that reach it without crossing sockets.
 3. Whether NVLink goes through an NVSwitch is inferred from lane counts (`on_nvswitch`).
-4. Nominal bandwidth is filled in from the facts table.
+4. The NVLink generation, which the matrix never says, is taken from the product its `#` source
+   line names when that is unambiguous (`gputopo.importers.product`); else the facts table's
+   default applies.
+5. Nominal bandwidth is filled in from the facts table.
 
 NIC-NIC cells are checked but not kept: the model has no NIC-NIC links.
 """
@@ -27,6 +30,11 @@ from dataclasses import dataclass, replace
 
 from gputopo.importers._lists import parse_idlist
 from gputopo.importers.errors import TopologyImportError
+from gputopo.importers.product import (
+    nvlink_generation_named,
+    nvlink_generation_note,
+    recording_notes,
+)
 from gputopo.importers.topo_matrix import (
     ATTRIBUTE_COLUMNS,
     CPU_AFFINITY,
@@ -146,6 +154,11 @@ def parse_topo_matrix(text: str, *, node_name: str = "imported") -> NodeTopology
         for lk in links
     ]
     gpus = [replace(g, nvlink_lanes=gpu_nvlink_lanes(links, g.index)) for g in gpus]
+    generation = nvlink_generation_named(
+        recording_notes(text), max_lanes=max((g.nvlink_lanes for g in gpus), default=0)
+    )
+    if generation:
+        gpus = [replace(g, nvlink_generation=generation) if g.nvlink_lanes else g for g in gpus]
     topology = NodeTopology(
         name=node_name,
         gpus=tuple(gpus),
@@ -349,11 +362,13 @@ def _nic_numa(topology: NodeTopology, index: int) -> int | None:
 def render_topo_matrix(topology: NodeTopology, *, now: float | None = None) -> str:
     """Print a topology as `nvidia-smi topo -m` does, then its per-pair bandwidth.
 
-    The first matrix is nvidia-smi's layout (GPU rows, NIC rows, `CPU Affinity`, `NUMA
-    Affinity`, the legend and the `NIC Legend:`), so `parse_topo_matrix` reads it back. Cells the
-    model does not hold print as `N/A`: NIC-NIC paths, and links a partial topology lacks. The
-    second matrix gives GB/s per direction for each GPU pair and GPU-NIC pair: the measurement
-    when one is fresh at `now` (any age when `now` is None), marked `*`, else the nominal figure.
+    A `# NVLink N` note comes first when the GPUs' NVLink generation is known (nvidia-smi never
+    says it; reading the note back keeps it). The first matrix is nvidia-smi's layout (GPU rows,
+    NIC rows, `CPU Affinity`, `NUMA Affinity`, the legend and the `NIC Legend:`), so
+    `parse_topo_matrix` reads it back. Cells the model does not hold print as `N/A`: NIC-NIC
+    paths, and links a partial topology lacks. The second matrix gives GB/s per direction for
+    each GPU pair and GPU-NIC pair: the measurement when one is fresh at `now` (any age when
+    `now` is None), marked `*`, else the nominal figure.
     """
     gpu_labels = [f"GPU{g.index}" for g in topology.gpus]
     nic_labels = [f"NIC{n.index}" for n in topology.nics]
@@ -374,7 +389,11 @@ def render_topo_matrix(topology: NodeTopology, *, now: float | None = None) -> s
         )
     for n in topology.nics:
         rows.append([f"NIC{n.index}", *(_code_cell(topology, nic(n.index), ref) for ref in refs)])
-    parts = [_table(header, rows), "", LEGEND]
+    generations = {g.nvlink_generation for g in topology.gpus if g.nvlink_lanes}
+    note = (
+        [nvlink_generation_note(min(generations))] if generations and 0 not in generations else []
+    )
+    parts = [*note, _table(header, rows), "", LEGEND]
     # A NIC whose name is unknown keeps its column label and gets no legend line, so reading
     # the output back says the name is unknown, as reading the original did.
     named = [n for n in topology.nics if n.name != f"NIC{n.index}"]

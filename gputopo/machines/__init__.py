@@ -26,14 +26,20 @@ from importlib import resources
 import yaml
 
 from gputopo.machines.build import build_machine
+from gputopo.machines.gfd import GFD_CLIQUE, GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, gfd_labels
 from gputopo.machines.profile import Profile, ProfileError, parse_profile
 from gputopo.topology import FabricState, GpuFabric, NodeTopology
 
 __all__ = [
+    "GFD_CLIQUE",
+    "GFD_COUNT",
+    "GFD_MEMORY",
+    "GFD_PRODUCT",
     "PROFILES",
     "ProfileError",
     "ProfileSummary",
     "describe_profiles",
+    "gfd_labels",
     "gpu_uuid",
     "load_machine",
     "load_profile",
@@ -129,10 +135,8 @@ class ProfileSummary:
 
     def line(self) -> str:
         """One line for a listing: name, GPUs, NICs, summary."""
-        return (
-            f"{self.name:<24} {self.gpu_count}x {self.gpu_product:<24} "
-            f"{self.nic_count} NICs  {self.summary}"
-        )
+        nics = f"{self.nic_count} NIC{'' if self.nic_count == 1 else 's'}"
+        return f"{self.name:<24} {self.gpu_count}x {self.gpu_product:<24} {nics:<7} {self.summary}"
 
 
 def describe_profiles() -> tuple[ProfileSummary, ...]:

@@ -214,6 +214,8 @@ class _Decision:
 
     def run(self) -> PlacementResult | list[tuple[list[PodPlacement], Key]]:
         """Every complete placement this order yields (see `place_all`), or why none."""
+        if (missed := self._selector_miss()) is not None:
+            return missed
         required = self.request.scope.required
         if required is None or required is Scope.CLUSTER or len(self.units) == 1:
             return self.place_all(within=None)
@@ -240,6 +242,35 @@ class _Decision:
             else f"no {scope_name} domain has {need} free GPUs",
             rejections=tuple(failures[:MAX_REJECTIONS]),
         )
+
+    def _selector_miss(self) -> PlacementResult | None:
+        """A group that no node can take at all, said as itself rather than as the capacity every
+        domain then seems to lack: its node selectors (the request's and its own) match no node
+        (`selector`), or every node they allow is stale or unhealthy (`unhealthy`)."""
+        for group in self.request.groups:
+            allowed = self.allowed(group)
+            candidates = self.snapshot.nodes.keys() if allowed is None else allowed
+            if allowed is not None and not allowed:
+                selectors = (self.request.node_selector, group.node_selector)
+                text = ", ".join(f"{k}={v}" for sel in selectors for k, v in sorted(sel.items()))
+                code = RejectionCode.SELECTOR
+                message = f"no node matches the selectors of group {group.name} ({text})"
+            elif candidates and not any(self.snapshot.node(n).placeable for n in candidates):
+                why = sorted({self.snapshot.node(n).reason or "not placeable" for n in candidates})
+                code = RejectionCode.UNHEALTHY
+                message = (
+                    f"none of the {len(candidates)} node(s) group {group.name} may use is "
+                    f"placeable ({', '.join(why)})"
+                )
+            else:
+                continue
+            return PlacementResult(
+                False,
+                CostAwarePolicy.name,
+                reason=message,
+                rejections=(Rejection("placement", code, message),),
+            )
+        return None
 
     def _enclosing(self, scope: Scope, need: int) -> list[tuple[Scope, str]]:
         snap = self.snapshot

@@ -80,6 +80,7 @@ class RejectionCode(enum.StrEnum):
     SCOPE = "scope"  # the required scope cannot hold it
     SPREAD = "spread"  # replicas would share a failure domain they must not
     SELECTOR = "selector"  # no node matches the node selectors
+    UNHEALTHY = "unhealthy"  # every node that could take it is stale or unhealthy
     UNIT = "unit"  # one unit of a multi-unit request failed here
     MORE = "more"  # further rejections left out of the answer
     UNSUPPORTED = "unsupported"  # the policy cannot express the request

@@ -543,7 +543,8 @@ class Rejection(_message.Message):
     """
     code: _builtins.str
     """Machine-readable (gputopo.placement.result.RejectionCode), one of: insufficient_gpus,
-    fragmented, bandwidth, scope, spread, selector, unit, more, unsupported, kueue, internal.
+    fragmented, bandwidth, scope, spread, selector, unhealthy, unit, more, unsupported, kueue,
+    internal.
     """
     message: _builtins.str
     def __init__(

@@ -21,8 +21,10 @@ from aggregator.server import Aggregator, AggregatorConfig
 from exporter.simulate import SimulatedExporters
 from gputopo.app.cli import main
 from gputopo.app.commands.aggregator import LABEL_PROFILES
+from gputopo.machines import load_machine
 from gputopo.placement import place
 from gputopo.request import request_from_mapping
+from gputopo.topology import NodeTopology
 from tests.aggregator.kubeutil import create_nodes, read_nodes, run
 from tests.builders import fabric_cluster
 from tests.harness.kube import KubeApiServer
@@ -54,6 +56,24 @@ def test_an_inventory_alone_serves_a_simulated_cluster() -> None:
         await agg.stop(grace_s=0.1)
 
     run(body())
+
+
+def test_inventory_nodes_carry_gfd_labels_and_their_own_for_node_selectors() -> None:
+    agg = Aggregator(AggregatorConfig(inventory_path=str(SMALL), inventory_nodes=True))
+    snap = agg.state.snapshot()
+    labels = snap.node("gb200-003").labels
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-GB200"
+    assert labels["nvidia.com/gpu.count"] == "4"
+    assert labels["topology.kubernetes.io/zone"] == "zone-2"  # the inventory's own, inherited
+    req = request_from_mapping(
+        {
+            "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            "groups": [{"name": "g", "gpus_per_pod": 8}],
+        }
+    )
+    result, _ = place(snap, req)
+    assert result.placed, result.reason
+    assert result.pods[0].node.startswith("h100-")
 
 
 def test_the_inventory_outranks_what_an_exporter_reports() -> None:
@@ -205,5 +225,98 @@ def test_export_reads_a_running_aggregator(capsys: pytest.CaptureFixture[str]) -
     )
 
 
+def _export_from_aggregator(nodes: list[NodeTopology], *argv: str) -> int:
+    """Run `gputopo export ARGV --aggregator 127.0.0.1:PORT` (no scheme) against an aggregator
+    that has heard these nodes."""
+
+    async def body() -> int:
+        agg = Aggregator(AggregatorConfig(http_port=0, heartbeat_interval_s=0.2))
+        await agg.start()
+        try:
+            async with SimulatedExporters(nodes, target=agg.grpc_target) as sim:
+                await sim.wait_acked()
+                address = f"127.0.0.1:{agg.http_port}"
+                return await asyncio.to_thread(main, ["export", *argv, "--aggregator", address])
+        finally:
+            await agg.stop(grace_s=0.1)
+
+    return run(body())
+
+
+def test_export_takes_an_aggregator_address_without_a_scheme(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    nodes = fabric_cluster(spines=1, leaves_per_spine=1, nodes_per_leaf=2, prefix="x")
+    assert _export_from_aggregator(nodes, "slurm") == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "SwitchName=switch.1.1 Nodes=x-00-[0-1]"
+
+
+@pytest.mark.parametrize(
+    ("argv", "want_reason"),
+    [
+        pytest.param(
+            ["slurm", "--block"],
+            "none of the 2 nodes of the aggregator at http://127.0.0.1:",
+            id="slurm --block with no NVLink domain",
+        ),
+        pytest.param(
+            ["kueue"],
+            "has fabric tiers or an NVLink domain; give the aggregator an --inventory",
+            id="kueue with no tiers",
+        ),
+        pytest.param(["kai"], "has fabric tiers or an NVLink domain", id="kai with no tiers"),
+        pytest.param(["volcano"], "has fabric tiers; give the", id="volcano with no tiers"),
+    ],
+)
+def test_an_export_with_nothing_to_write_is_an_error_with_the_reason(
+    argv: list[str], want_reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes = [load_machine("dgx-h100", node_name=f"plain-{i}") for i in range(2)]
+    assert not any(n.fabric.tiers or n.fabric.accelerator_domain for n in nodes)
+    assert _export_from_aggregator(nodes, *argv) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert f"gputopo export {argv[0]}: nothing to write: " in err
+    assert want_reason in err
+
+
+def test_an_export_of_an_aggregator_with_no_node_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _export_from_aggregator([], "kueue") == 1
+    assert "knows no nodes" in capsys.readouterr().err
+
+
 def test_the_commands_offer_exactly_the_label_profiles_there_are() -> None:
     assert get_args(Profile) == LABEL_PROFILES
+
+
+@pytest.mark.parametrize(
+    ("options", "want_named"),
+    [
+        pytest.param(["--dry-run"], "--dry-run", id="--dry-run alone would print nothing"),
+        pytest.param(
+            ["--scheduler-objects", "kueue"],
+            "--scheduler-objects",
+            id="--scheduler-objects alone would write nothing",
+        ),
+        pytest.param(
+            ["--leader-elect", "--dry-run"],
+            "--dry-run, --leader-elect",
+            id="--leader-elect alone would elect no one; every idle option is named",
+        ),
+    ],
+)
+def test_cluster_only_options_without_a_cluster_refuse_to_start(
+    options: list[str], want_named: str
+) -> None:
+    code = "import sys; from gputopo.app.cli import main; sys.exit(main(sys.argv[1:]))"
+    args = [sys.executable, "-c", code, "aggregator", "--grpc-port=0", "--http-port=0", *options]
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`gputopo aggregator {' '.join(options)}` started without a cluster")
+    assert proc.returncode == 2
+    assert f"{want_named} act only on a Kubernetes cluster" in proc.stderr
+    assert "--kubeconfig PATH or --in-cluster" in proc.stderr
+    assert "Traceback" not in proc.stderr

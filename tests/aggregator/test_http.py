@@ -205,3 +205,23 @@ def test_a_real_prometheus_scrapes_the_metrics(prometheus: tuple[Path, int]) -> 
             await agg.stop(grace_s=0.1)
 
     run(body())
+
+
+def test_sources_list_the_inventory_once_for_a_node_served_from_it() -> None:
+    inventory = Path(__file__).parent.parent / "data" / "inventory_small.yaml"
+
+    async def body() -> None:
+        config = AggregatorConfig(http_port=0, inventory_path=str(inventory), inventory_nodes=True)
+        agg = Aggregator(config)
+        await agg.start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                url = f"http://127.0.0.1:{agg.http_port}/api/v1/nodes/gb200-001/sources"
+                status, sources, _ = await get(session, url)
+        finally:
+            await agg.stop(grace_s=0.1)
+        assert status == 200
+        assert [s["source"] for s in sources["sources"]] == ["inventory", "nvml"]
+        assert set(sources["chosen"].values()) == {"inventory"}
+
+    run(body())

@@ -20,7 +20,7 @@ from gputopo.app.cli import main
 from gputopo.codec import topology_from_proto
 from gputopo.importers import import_topology
 from gputopo.importers.topo_matrix import read_topo_matrix
-from gputopo.machines import PROFILES, load_profile, read_recording, recordings
+from gputopo.machines import PROFILES, load_machine, load_profile, read_recording, recordings
 from gputopo.v1 import topology_pb2 as tpb
 
 NVSMI = [r for r in recordings() if r.startswith("nvsmi_topo_")]
@@ -58,7 +58,8 @@ def test_topo_show_prints_the_recorded_code_for_every_gpu_pair(
     assert main(["topo", "show", "--from", str(path)]) == 0
     shown = capsys.readouterr().out
     gpus = read_topo_matrix(read_recording(recording)).gpu_columns
-    assert shown.splitlines()[0].split()[: len(gpus)] == list(gpus)
+    header = next(line for line in shown.splitlines() if not line.startswith("# NVLink "))
+    assert header.split()[: len(gpus)] == list(gpus)
     first_matrix = shown.split("GB/s per direction")[0]
     want = gpu_cells(read_recording(recording))
     assert gpu_cells(first_matrix) == want
@@ -210,3 +211,48 @@ def test_gputopo_exporter_runs_without_a_gpu_reports_and_stops_on_sigterm() -> N
 def test_gputopo_exporter_simulates_a_profile(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["exporter", "--simulate", "no-such-profile", "--node-name", "x"]) == 2
     assert "unknown machine profile" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_topo_show_takes_a_profile_name_as_gputopo_machines_prints_it(
+    profile: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["topo", "show", "--from", profile]) == 0
+    shown = capsys.readouterr().out
+    gpus = read_topo_matrix(shown).gpu_columns
+    assert len(gpus) == load_machine(profile, node_name="x").gpu_count
+
+
+def test_a_source_that_is_nothing_known_lists_what_from_takes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["topo", "show", "--from", "dgx-h200"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gputopo topo: cannot read dgx-h200: No such file or directory; it takes")
+    assert all(name in err for name in (*PROFILES, *recordings()))
+    assert "Traceback" not in err
+
+
+def test_a_simulated_exporter_does_not_log_a_driver_that_reads_as_real() -> None:
+    """`gputopo exporter --simulate` logs which fake machine answers, not the fake's driver."""
+    args = [sys.executable, "-m", "gputopo", "exporter", "--simulate", "dgx-h100"]
+    args += ["--node-name", "sim-0", "--http-host", "127.0.0.1", "--http-port", "0"]
+    args += ["--probe-host", "127.0.0.1", "--probe-port", "0", "--no-peer-probes"]
+    env = {k: v for k, v in os.environ.items() if k != "GPUTOPO_AGGREGATOR"}
+    log: list[str] = []
+    with subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env) as process:
+        try:
+            assert process.stderr is not None
+            for line in process.stderr:
+                log.append(line)
+                if "NVML" in line:
+                    break
+            process.send_signal(signal.SIGTERM)
+            log.append(process.stderr.read())
+            assert process.wait(timeout=15) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+    text = "".join(log)
+    assert "NVML simulated: fake machine dgx-h100 (no GPU, driver or CUDA is real)" in text
+    assert "driver 550" not in text

@@ -113,7 +113,7 @@ def find_binary() -> Path:
     if not _is_executable(path):
         raise BinaryNotFoundError(
             f"kube-apiserver {KUBE_VERSION} is not built (looked for {path}). Run "
-            f"{BUILD_SCRIPT} once (Debian 12, as root or with sudo; about 5 minutes, cached "
+            f"{BUILD_SCRIPT} once (any Linux with Go >= 1.19 and etcd; about 5 minutes, cached "
             f"afterwards), or set {BINARY_ENV} to a kube-apiserver {KUBE_VERSION} binary."
         )
     return path

@@ -356,3 +356,72 @@ def test_a_rack_straddling_two_leaves_still_gives_nvlink_within_the_required_lea
     assert sorted(p.node for p in result.pods) == ["t1", "t2"]
     assert result.prediction is not None
     assert result.prediction.groups[0].bottleneck == "NVLink"
+
+
+TWO_DGX = [nvswitch_node("a", tiers=("leaf", "spine")), nvswitch_node("b", tiers=("leaf", "spine"))]
+
+
+@pytest.mark.parametrize(
+    ("request_data", "stale", "labels", "want_code", "want_message"),
+    [
+        pytest.param(
+            {"node_selector": {"gpu": "b200"}, "groups": [{"name": "tp", "gpus_per_pod": 8}]},
+            [],
+            {"a": {"gpu": "h100"}},
+            "selector",
+            "no node matches the selectors of group tp (gpu=b200)",
+            id="a selector no node matches is a selector miss, not a lack of GPUs",
+        ),
+        pytest.param(
+            {
+                "groups": [
+                    {"name": "tp", "gpus_per_pod": 8},
+                    {"name": "pp", "gpus_per_pod": 8, "node_selector": {"gpu": "b200"}},
+                ]
+            },
+            [],
+            {"a": {"gpu": "h100"}},
+            "selector",
+            "no node matches the selectors of group pp (gpu=b200)",
+            id="a group's own selector is named with its group",
+        ),
+        pytest.param(
+            {"groups": [{"name": "tp", "gpus_per_pod": 8}]},
+            ["a", "b"],
+            {},
+            "unhealthy",
+            "none of the 2 node(s) group tp may use is placeable (stale)",
+            id="every node stale is a health problem, not 0 free GPUs",
+        ),
+        pytest.param(
+            {"node_selector": {"gpu": "h100"}, "groups": [{"name": "tp", "gpus_per_pod": 8}]},
+            ["a"],
+            {"a": {"gpu": "h100"}},
+            "unhealthy",
+            "none of the 1 node(s) group tp may use is placeable (stale)",
+            id="the only selected node stale is a health problem",
+        ),
+    ],
+)
+def test_a_request_no_node_can_take_names_the_real_reason(
+    request_data: dict[str, Any],
+    stale: list[str],
+    labels: dict[str, dict[str, str]],
+    want_code: str,
+    want_message: str,
+) -> None:
+    snap = snapshot(TWO_DGX, stale=stale, labels=labels)
+    result, _ = place(snap, request_from_mapping(request_data))
+    assert not result.placed
+    assert result.reason == want_message
+    assert [(r.domain, r.code.value, r.message) for r in result.rejections] == [
+        ("placement", want_code, want_message)
+    ]
+
+
+def test_a_selected_node_that_is_placeable_is_still_judged_on_capacity() -> None:
+    snap = snapshot(TWO_DGX, used={"a": range(4)}, labels={"a": {"gpu": "h100"}})
+    req = {"node_selector": {"gpu": "h100"}, "groups": [{"name": "tp", "gpus_per_pod": 8}]}
+    result, _ = place(snap, request_from_mapping(req))
+    assert not result.placed
+    assert {r.code.value for r in result.rejections} == {"insufficient_gpus"}

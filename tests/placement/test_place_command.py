@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,46 @@ def test_text_output_is_a_table_with_the_prediction(
     text = capsys.readouterr().out
     assert "GROUP" in text
     assert "predicted edge prefill -> decode" in text
+
+
+def _readme_yaml_block(starts_with: str) -> str:
+    """The README's ```yaml block whose first line starts with `starts_with`, as written."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```yaml\n(.*?)^```", readme, flags=re.MULTILINE | re.DOTALL)
+    (block,) = [b for b in blocks if b.startswith(starts_with)]
+    return block
+
+
+def test_the_readme_request_places_on_the_readme_cluster_as_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    request = _readme_yaml_block("job: serve-pd")
+    cluster = _readme_yaml_block("defaults: {nodeProfile: dgx-h100}")
+    assert "nvidia.com/gpu.product: NVIDIA-GB200" in request  # the selector this is about
+    argv = ["--cluster", write(tmp_path, cluster, "cluster.yaml")]
+    code, out = run_json(capsys, [*argv, "--request", write(tmp_path, request)])
+    assert (code, out["placed"]) == (0, True), out["reason"]
+    assignments = out["assignments"]
+    assert isinstance(assignments, list)
+    assert {a["node"][:5] for a in assignments} == {"gb200"}
+    assert sorted((a["group"], a["replica"], len(a["gpus"])) for a in assignments) == [
+        ("decode", 0, 4),
+        ("decode", 1, 4),
+        ("prefill", 0, 4),
+        ("prefill", 1, 4),
+    ]
+
+
+def test_a_selector_no_node_matches_is_a_selector_rejection_not_capacity(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    request = PD_REQUEST.replace(
+        "groups:", "node_selector: {nvidia.com/gpu.product: NVIDIA-GB300}\ngroups:"
+    )
+    code, out = run_json(
+        capsys, ["--cluster", str(INVENTORY), "--request", write(tmp_path, request)]
+    )
+    assert (code, out["placed"]) == (1, False)
+    want = "no node matches the selectors of group prefill (nvidia.com/gpu.product=NVIDIA-GB300)"
+    assert out["reason"] == want
+    assert out["rejections"] == [{"domain": "placement", "code": "selector", "message": want}]

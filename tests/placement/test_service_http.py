@@ -115,6 +115,90 @@ def test_the_json_mirror_answers_bad_input_with_the_field_and_400_or_404() -> No
     run(with_http(body))
 
 
+def test_the_json_mirror_takes_the_yaml_spellings_of_a_request() -> None:
+    """The README's YAML spellings work over HTTP as they do in a file: one vocabulary."""
+    yaml_spelt = {
+        "job": "pd",
+        "scope": {"required": "spine", "preferred": "tier-0"},
+        "groups": [
+            {
+                "name": "prefill",
+                "pods": 1,
+                "gpus_per_pod": 4,
+                "pattern": "all_reduce",
+                "scope": {"required": "nvlink"},
+            },
+            {
+                "name": "decode",
+                "pods": 1,
+                "gpus_per_pod": 4,
+                "pattern": "all-to-all",
+                "spread": {"across": "node", "required": False},
+            },
+        ],
+        "edges": [{"from": "prefill", "to": "decode", "min_gbps": 100, "pairing": "one_to_one"}],
+    }
+    wire_spelt = {
+        "job": "pd",
+        "scope": {"required": "SCOPE_SPINE", "preferred": "SCOPE_LEAF"},
+        "groups": [
+            {
+                "name": "prefill",
+                "pods": 1,
+                "gpus_per_pod": 4,
+                "pattern": "PATTERN_ALL_REDUCE",
+                "scope": {"required": "SCOPE_NVLINK"},
+            },
+            {
+                "name": "decode",
+                "pods": 1,
+                "gpus_per_pod": 4,
+                "pattern": "PATTERN_ALL_TO_ALL",
+                "spread": {"across": "SCOPE_NODE", "required": False},
+            },
+        ],
+        "edges": [
+            {
+                "source": "prefill",
+                "target": "decode",
+                "min_gbps": 100,
+                "pairing": "PAIRING_ONE_TO_ONE",
+            }
+        ],
+    }
+
+    async def body(agg: Aggregator, call: Call) -> None:
+        path = "/api/v1/placement/explain"
+        status, yaml_answer = await call(path, {"request": yaml_spelt})
+        assert status == 200, yaml_answer
+        status, wire_answer = await call(path, {"request": wire_spelt})
+        assert status == 200, wire_answer
+        assert yaml_answer["placed"] is True
+        for answer in (yaml_answer, wire_answer):
+            del answer["decision_seconds"]  # the one field that is not a function of the input
+        assert yaml_answer == wire_answer
+
+    run(with_http(body))
+
+
+def test_a_misspelt_value_over_http_names_the_field_and_the_spellings() -> None:
+    async def body(agg: Aggregator, call: Call) -> None:
+        request = tp(8)
+        request["request"]["groups"][0]["pattern"] = "allreduce"
+        status, err = await call("/api/v1/placement/place", request)
+        assert (status, err["code"]) == (400, "INVALID_ARGUMENT")
+        assert err["error"] == (
+            "request.groups[0].pattern: unknown value 'allreduce'; "
+            "one of none, all_reduce, all_to_all, pipeline"
+        )
+        request = tp(8, scope={"required": "rackk"})
+        status, err = await call("/api/v1/placement/place", request)
+        assert status == 400
+        assert err["error"].startswith("request.scope.required: unknown scope 'rackk'; one of")
+
+    run(with_http(body))
+
+
 def test_extender_filter_keeps_nodes_with_an_nvlink_island_for_the_pod() -> None:
     async def body(agg: Aggregator, call: Call) -> None:
         agg.state.restore([])

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 HELP = "run the aggregator (Reporter and Placement gRPC, HTTP endpoints)"
 
 LABEL_PROFILES = ("topograph-v1", "topograph-v0", "own")  # aggregator.labels.Profile
+CLUSTER_OPTIONS = "--kubeconfig PATH or --in-cluster"
 
 
 def add_label_arguments(parser: argparse._ActionsContainer, *, profile_help: str) -> None:
@@ -89,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kube.add_argument(
         "--dry-run",
         action="store_true",
-        help="print the label patches it would send instead of sending them",
+        help=f"print the label patches instead of sending them (needs {CLUSTER_OPTIONS})",
     )
     add_label_arguments(kube, profile_help="which label keys to write (default %(default)s)")
     kube.add_argument(
@@ -108,12 +109,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scheduler-objects",
         default="",
         metavar="KINDS",
-        help="also write scheduler objects: comma-separated kueue,kai,volcano (default none)",
+        help=(
+            "also write scheduler objects: comma-separated kueue,kai,volcano (default none; "
+            f"needs {CLUSTER_OPTIONS})"
+        ),
     )
     kube.add_argument(
         "--leader-elect",
         action="store_true",
-        help="run as one of several replicas: only the Lease holder writes",
+        help=f"one of several replicas: only the Lease holder writes (needs {CLUSTER_OPTIONS})",
     )
     kube.add_argument(
         "--lease-name", default="gputopo-aggregator", help="Lease name (default %(default)s)"
@@ -132,6 +136,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def options_without_a_cluster(args: argparse.Namespace) -> list[str]:
+    """The options given that act only on a cluster, when no cluster is given.
+
+    Without `--kubeconfig` or `--in-cluster` the aggregator has no Kubernetes client, so these
+    would be accepted and then do nothing at all; refusing them says so before anything starts.
+    """
+    if args.kubeconfig or args.in_cluster:
+        return []
+    given = {
+        "--dry-run": args.dry_run,
+        "--scheduler-objects": bool(args.scheduler_objects),
+        "--leader-elect": args.leader_elect,
+    }
+    return [option for option, on in given.items() if on]
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; shut down gracefully."""
     import asyncio
@@ -139,6 +159,15 @@ def run(args: argparse.Namespace) -> int:
     import signal
     import socket
     import sys
+
+    if idle := options_without_a_cluster(args):
+        print(
+            f"gputopo aggregator: {', '.join(idle)} act only on a Kubernetes cluster, and none "
+            f"is given: add {CLUSTER_OPTIONS} (without one nothing is labelled, written or "
+            "elected)",
+            file=sys.stderr,
+        )
+        return 2
 
     from aggregator.publisher import PublisherConfig
     from aggregator.server import Aggregator, AggregatorConfig, KubeOptions

@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             sysfs_root=sysfs_root,
             pod_resources_socket=_pod_resources_socket(args.pod_resources_socket, args.simulate),
             machine=machine,
+            simulated=args.simulate or "",
             discovery_interval_s=args.discovery_interval,
             gpu_probes=not args.no_gpu_probes and not args.simulate,
             peer_probes=not args.no_peer_probes,

@@ -41,7 +41,12 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from gputopo.cluster import ClusterSnapshot, NodeState
-    from gputopo.inventory import InventoryError, inventory_topologies, parse_inventory
+    from gputopo.inventory import (
+        InventoryError,
+        inventory_labels,
+        inventory_topologies,
+        parse_inventory,
+    )
     from gputopo.placement import POLICIES, UnknownPolicyError, place
     from gputopo.placement.report import result_to_dict, result_to_text
     from gputopo.request import RequestError, request_from_mapping
@@ -59,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, yaml.YAMLError, RequestError) as err:
         print(f"gputopo place: {args.request}: {err}", file=sys.stderr)
         return 2
-    labels = {name: dict(node.labels) for name, node in inventory.nodes.items()}
+    labels = inventory_labels(inventory, topologies)
     snapshot = ClusterSnapshot(
         NodeState(
             t,

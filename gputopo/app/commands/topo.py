@@ -1,14 +1,16 @@
 """`gputopo topo`: show a node's topology as `nvidia-smi topo -m` does, or import a recording.
 
     gputopo topo show                 this node, discovered now (NVML and /sys)
-    gputopo topo show --from FILE     a recording: `nvidia-smi topo -m` text or NCCL topology XML
-                                      (a path, or the name of a bundled recording)
+    gputopo topo show --from SOURCE   a recording: `nvidia-smi topo -m` text or NCCL topology XML
+                                      (a path, or the name of a bundled recording), or a machine
+                                      profile by name (what `gputopo machines` lists)
     gputopo topo import FILE --json   a recording as the node topology, in JSON
 
 `show` prints nvidia-smi's matrix (GPU rows with X, NV<n>, PIX, PXB, PHB, NODE, SYS), then GB/s
 per direction for each pair, measured (*) or nominal. Input that is not a recording exits 2 with
 one line naming where it went wrong; a truncated recording is shown, flagged partial, with what
-is missing. A recording that yields no GPU exits 1 with the reason, since a node topology with
+is missing. A source that is none of these exits 2 listing the names it takes. A recording that
+yields no GPU exits 1 with the reason, since a node topology with
 no GPU is never what was meant. NCCL XML that lists devices without a PCI class (AWS's g5 file)
 says what they are with `--assume-class BUSID=gpu|nic`; when it does not, the command prints
 itself again with those flags, ready to edit, rather than naming an option it does not have.
@@ -36,14 +38,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show.add_argument(
         "--from",
         dest="source",
-        metavar="FILE",
-        help="a recording (path or bundled name) instead of this node",
+        metavar="SOURCE",
+        help=(
+            "instead of this node: a recording (path or bundled name) or a machine profile "
+            "(`gputopo machines`)"
+        ),
     )
     show.add_argument("--node-name", default="", help="name to give the node")
     show.add_argument("--sysfs-root", default="/sys", help="sysfs of this node (default /sys)")
     _add_assume_class(show)
     imp = sub.add_parser("import", help="read a recording into a node topology")
-    imp.add_argument("file", metavar="FILE", help="a recording (path or bundled name)")
+    imp.add_argument(
+        "file",
+        metavar="SOURCE",
+        help="a recording (path or bundled name) or a machine profile (`gputopo machines`)",
+    )
     imp.add_argument("--json", action="store_true", help="print the topology as JSON")
     imp.add_argument("--node-name", default="imported", help="name to give the node")
     _add_assume_class(imp)
@@ -89,19 +98,42 @@ def _read(source: str) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
+def sources_accepted() -> str:
+    """What `--from` (and `import`) take besides a path, for the message when a source is none."""
+    from gputopo.machines import PROFILES, recordings
+
+    return (
+        "a path to a recording (nvidia-smi topo -m text or NCCL XML), a machine profile ("
+        + ", ".join(PROFILES)
+        + ") or a bundled recording ("
+        + ", ".join(recordings())
+        + ")"
+    )
+
+
 def _load(args: argparse.Namespace, source: str, node_name: str) -> NodeTopology | int:
-    """The imported recording, or the exit code after saying on stderr why there is none."""
+    """The imported recording or profile, or the exit code after saying on stderr why there is
+    none."""
+    from pathlib import Path
+
     from gputopo.importers import (
         TopologyImportError,
         detect_format,
         import_topology,
         unclassified_devices,
     )
+    from gputopo.machines import PROFILES, load_machine
 
+    if source in PROFILES and not Path(source).exists():
+        return load_machine(source, node_name=node_name)
     try:
         text = _read(source)
     except OSError as error:
-        print(f"gputopo topo: cannot read {source}: {error.strerror or error}", file=sys.stderr)
+        hint = f"; it takes {sources_accepted()}" if not Path(source).exists() else ""
+        print(
+            f"gputopo topo: cannot read {source}: {error.strerror or error}{hint}",
+            file=sys.stderr,
+        )
         return 2
     assumed = dict(args.assume_classes)
     try:
@@ -214,11 +246,21 @@ def _import(args: argparse.Namespace) -> int:
         )
         print(json.dumps(message, indent=2))
         return 0
+    counts = (
+        (topology.gpu_count, "GPU"),
+        (len(topology.nics), "NIC"),
+        (len(topology.numa_nodes), "NUMA node"),
+        (len(topology.links), "link"),
+    )
     print(
-        f"{topology.name}: {topology.gpu_count} GPUs, {len(topology.nics)} NICs, "
-        f"{len(topology.numa_nodes)} NUMA nodes, {len(topology.links)} links"
+        f"{topology.name}: {', '.join(_counted(n, noun) for n, noun in counts)}"
         f"{', partial' if topology.partial else ''}"
     )
     for problem in topology.problems:
         print(f"  - {problem}")
     return 0
+
+
+def _counted(count: int, noun: str) -> str:
+    """`1 NIC`, `2 NICs`, `0 links`."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
