@@ -41,10 +41,11 @@ contracts: $(STAMP)
 unit: $(STAMP) kube-apiserver
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# Tests marked `kube` run against a real kube-apiserver + etcd. Nothing ships one, so it is built
-# once from Debian's kubernetes source package (about 4 minutes on 2 cores) and cached under
-# ~/.cache/gputopo; later runs check the cache in well under a second. GPUTOPO_KUBE_APISERVER
-# pointing at a v1.20.2 binary skips the build.
+# Tests marked `kube` run against a real kube-apiserver + etcd (one also beside a real
+# kube-scheduler). Nothing ships them, so they are built once from Debian's kubernetes source
+# package (about 6 minutes on 2 cores) and cached under ~/.cache/gputopo; later runs check the
+# cache in well under a second. GPUTOPO_KUBE_APISERVER pointing at a v1.20.2 binary skips the
+# build (GPUTOPO_KUBE_SCHEDULER then names the kube-scheduler).
 kube-apiserver:
 	@scripts/build-kube-apiserver.sh >/dev/null
 

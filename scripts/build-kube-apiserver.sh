@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build kube-apiserver v1.20.2 from Debian's `kubernetes` source package and cache it.
+# Build kube-apiserver v1.20.2 (and kube-scheduler, from the same tree) from Debian's
+# `kubernetes` source package and cache them.
 #
 # Why: the tests marked `kube` need a real API server, and no registry we may use ships one.
 # Debian's source package (bookworm, pinned by hash below) is the full upstream v1.20.2 tree;
@@ -30,6 +31,8 @@ readonly KUBE_VERSION=v1.20.2
 readonly CACHE_DIR="${GPUTOPO_CACHE_DIR:-${HOME}/.cache/gputopo}"
 readonly INSTALL_DIR="${CACHE_DIR}/kube-apiserver-${KUBE_VERSION}"
 readonly BINARY="${INSTALL_DIR}/kube-apiserver"
+# Built from the same tree beside it: the tests that run a real kube-scheduler next to gputopo.
+readonly SCHEDULER="${INSTALL_DIR}/kube-scheduler"
 readonly LOG_FILE="${CACHE_DIR}/build-kube-apiserver.log"
 readonly DEBIAN_MIRROR="${GPUTOPO_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 # Debian bookworm's source package of upstream v1.20.2: the upstream tarball and Debian's
@@ -85,7 +88,11 @@ as_root() {
 }
 
 binary_works() {
-  [[ -x ${BINARY} ]] && "${BINARY}" --version 2>/dev/null | grep -qF "Kubernetes ${KUBE_VERSION}"
+  local binary
+  for binary in "${BINARY}" "${SCHEDULER}"; do
+    [[ -x ${binary} ]] && "${binary}" --version 2>/dev/null | grep -qF "Kubernetes ${KUBE_VERSION}" ||
+      return 1
+  done
 }
 
 # etcd as the test harness finds it: $GPUTOPO_ETCD, else `etcd` on PATH, else /usr/bin/etcd.
@@ -303,20 +310,25 @@ version_ldflags() {
 }
 
 build_binary() {
-  step "building (about 4 minutes on 2 cores, 1.5 GB of RAM and 2 GB of disk)"
-  logged "${GO}" build -ldflags "$(version_ldflags)" -o "${WORK_DIR}/bin/kube-apiserver" \
-    ./cmd/kube-apiserver
-  "${WORK_DIR}/bin/kube-apiserver" --version | grep -qF "Kubernetes ${KUBE_VERSION}" ||
-    die "the built binary does not report ${KUBE_VERSION}"
+  step "building kube-apiserver and kube-scheduler (about 6 minutes on 2 cores, 1.5 GB of RAM)"
+  local name
+  for name in kube-apiserver kube-scheduler; do
+    logged "${GO}" build -ldflags "$(version_ldflags)" -o "${WORK_DIR}/bin/${name}" "./cmd/${name}"
+    "${WORK_DIR}/bin/${name}" --version | grep -qF "Kubernetes ${KUBE_VERSION}" ||
+      die "the built ${name} does not report ${KUBE_VERSION}"
+  done
 }
 
 # Copy next to the target, then rename: a reader never sees half a binary.
 install_binary() {
-  local tmp="${INSTALL_DIR}/.kube-apiserver.tmp.$$"
+  local name tmp
   mkdir -p "${INSTALL_DIR}"
-  cp "${WORK_DIR}/bin/kube-apiserver" "${tmp}"
-  chmod 0755 "${tmp}"
-  mv -f "${tmp}" "${BINARY}"
+  for name in kube-scheduler kube-apiserver; do  # the API server last: binary_works checks it
+    tmp="${INSTALL_DIR}/.${name}.tmp.$$"
+    cp "${WORK_DIR}/bin/${name}" "${tmp}"
+    chmod 0755 "${tmp}"
+    mv -f "${tmp}" "${INSTALL_DIR}/${name}"
+  done
   write_build_info
 }
 

@@ -121,6 +121,7 @@ def test_a_cached_binary_without_etcd_asks_for_etcd_only(bare_path: Path, tmp_pa
     cached = tmp_path / "cache" / "kube-apiserver-v1.20.2" / "kube-apiserver"
     cached.parent.mkdir(parents=True)
     _fake(cached, "Kubernetes v1.20.2")
+    _fake(cached.with_name("kube-scheduler"), "Kubernetes v1.20.2")  # built beside it
     run = _run(bare_path, tmp_path, GPUTOPO_ETCD=NO_ETCD)
     assert run.returncode == 1
     assert "etcd not found; install etcd >= 3.4 or set GPUTOPO_ETCD" in run.stderr
