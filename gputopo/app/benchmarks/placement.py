@@ -599,7 +599,7 @@ def run(args: argparse.Namespace) -> int:
         occupancy_churn(
             layout="dgx-h100",
             gpus=args.churn_gpus,
-            samples=200,
+            samples=1000,  # p99 of fewer is one or two samples: a fold, or a collection
             events=args.churn_events,
             seed=args.seed,
         )
