@@ -246,7 +246,13 @@ class Aggregator:
         await server.start()
         self._grpc = server
         if self.config.http_port is not None:
-            self.http_port = await self.http.start(self.config.http_host, self.config.http_port)
+            try:
+                self.http_port = await self.http.start(self.config.http_host, self.config.http_port)
+            except OSError as err:  # the HTTP port is taken: stop the gRPC side, say which port
+                await server.stop(0)
+                self._grpc = None
+                address = f"{self.config.http_host}:{self.config.http_port}"
+                raise OSError(f"cannot listen on {address} for HTTP: {err.strerror}") from None
         self._tasks.append(asyncio.create_task(self._housekeep(), name="housekeeping"))
         if self.nodes is not None:
             self._tasks.append(asyncio.create_task(self.nodes.run(), name="node-watch"))

@@ -61,6 +61,9 @@ def server(*, options: Sequence[_Option] = ()) -> grpc.aio.Server:
             ("grpc.http2.min_ping_interval_without_data_ms", 5000),
             ("grpc.server.max_pending_requests", 50_000),
             ("grpc.server.max_pending_requests_hard_limit", 100_000),
+            # gRPC sets SO_REUSEPORT by default: a second server on a taken port would start,
+            # and the kernel would split clients between two states. One owner per port.
+            ("grpc.so_reuseport", 0),
             *options,
         ]
     )
@@ -72,7 +75,10 @@ def bind(srv: grpc.aio.Server, host: str, port: int) -> int:
     Raises OSError when nothing could be bound (gRPC itself only answers 0).
     """
     address = f"{host}:{port}"
-    bound = srv.add_insecure_port(address)
+    try:
+        bound = srv.add_insecure_port(address)
+    except RuntimeError:  # newer grpcio raises where older ones answered 0
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot bind gRPC to {address}")
+        raise OSError(f"cannot listen on {address} for gRPC: the port is in use or not ours")
     return bound

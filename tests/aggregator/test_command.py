@@ -6,6 +6,7 @@ import asyncio
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -320,3 +321,38 @@ def test_cluster_only_options_without_a_cluster_refuse_to_start(
     assert f"{want_named} act only on a Kubernetes cluster" in proc.stderr
     assert "--kubeconfig PATH or --in-cluster" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "protocol"),
+    [
+        pytest.param("--grpc-port", "gRPC", id="gRPC: no SO_REUSEPORT, so no second owner"),
+        pytest.param("--http-port", "HTTP", id="HTTP: refused, and the gRPC side let go"),
+    ],
+)
+def test_a_second_aggregator_on_a_taken_port_exits_with_one_line(
+    flag: str, protocol: str, tmp_path: Path
+) -> None:
+    """Seen before: two aggregators on one gRPC port both started (gRPC sets SO_REUSEPORT by
+    default) and the kernel split exporters and placement calls between two states."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base = [sys.executable, "-m", "gputopo", "aggregator", "--grpc-port", "0", "--http-port", "0"]
+    argv = [*base, flag, str(port)]  # the later flag wins: this one holds the port
+    first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):  # until the first one listens
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        second = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=30)
+    finally:
+        first.terminate()
+        first.wait(timeout=10)
+    assert second.returncode == 2
+    ours = [line for line in second.stderr.splitlines() if line.startswith("gputopo aggregator:")]
+    assert ours == [ours[0]]
+    assert f"cannot listen on 127.0.0.1:{port} for {protocol}" in ours[0]
+    assert "Traceback" not in second.stderr
