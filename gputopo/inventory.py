@@ -33,6 +33,7 @@ Every error names where it is (`blocks[2].nodes[0]: ...`).
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -201,20 +202,16 @@ def parse_inventory(text: str, *, source: str = "inventory") -> Inventory:
         raise InventoryError(where, f"not valid YAML ({getattr(err, 'problem', err)})") from None
     if not isinstance(data, Mapping):
         raise InventoryError(source, "must be a mapping with `switches` and `blocks`")
-    unknown = sorted(
-        set(data) - {"switches", "blocks", "defaults", "nodes", "version", "tiers", "faults"}
-    )
-    if unknown:
-        raise InventoryError(unknown[0], "unknown top-level key")
+    _only(data, "", _TOP_KEYS)
     switches = _mapping(data.get("switches") or {}, "switches")
     parents, labels, annotations = _switch_tree(switches)
-    defaults = _mapping(data.get("defaults") or {}, "defaults")
+    defaults = _only(_mapping(data.get("defaults") or {}, "defaults"), "defaults", _DEFAULT_KEYS)
     default_profile = _str(defaults.get("nodeProfile", ""), "defaults.nodeProfile")
 
     nodes: dict[str, InventoryNode] = {}
     for i, raw in enumerate(_list(data.get("blocks") or [], "blocks")):
         where = f"blocks[{i}]"
-        block = _mapping(raw, where)
+        block = _only(_mapping(raw, where), where, _BLOCK_KEYS)
         leaf = _str(block.get("switch", ""), f"{where}.switch")
         if leaf and leaf not in parents and leaf not in _declared(switches):
             raise InventoryError(f"{where}.switch", f"switch {leaf!r} is not declared")
@@ -254,7 +251,7 @@ def parse_inventory(text: str, *, source: str = "inventory") -> Inventory:
         where = f"nodes.{name}"
         if name not in nodes:
             raise InventoryError(where, "overrides a node no block declares")
-        over = _mapping(raw, where)
+        over = _only(_mapping(raw, where), where, _NODE_KEYS)
         node = nodes[name]
         nodes[name] = replace(
             node,
@@ -266,6 +263,28 @@ def parse_inventory(text: str, *, source: str = "inventory") -> Inventory:
         MappingProxyType(parents),
         MappingProxyType({k: MappingProxyType(v) for k, v in labels.items()}),
     )
+
+
+# Every key each part of the document may have: anything else is a typo that would otherwise
+# silently drop a fact (`nodeprofile:` in a block left the block on the default profile).
+_TOP_KEYS = ("switches", "blocks", "defaults", "nodes", "version", "tiers", "faults")
+_DEFAULT_KEYS = ("nodeProfile",)
+_BLOCK_KEYS = ("switch", "nodes", "nodeProfile", "labels", "annotations", "used")
+_SWITCH_KEYS = ("name", "labels", "annotations", "switches")
+_NODE_KEYS = ("nodeProfile", "used")
+
+
+def _only(raw: Mapping[str, Any], where: str, allowed: tuple[str, ...]) -> Mapping[str, Any]:
+    """`raw` if it has no key but `allowed`; else InventoryError naming the first unknown key and
+    the allowed key it most looks like."""
+    for key in sorted(str(k) for k in raw):
+        if key in allowed:
+            continue
+        by_case = [a for a in allowed if a.lower() == key.lower()]
+        close = by_case or difflib.get_close_matches(key, allowed, n=1)
+        hint = f"; did you mean {close[0]}?" if close else f"; known keys: {', '.join(allowed)}"
+        raise InventoryError(f"{where}.{key}" if where else key, f"unknown key{hint}")
+    return raw
 
 
 def _declared(switches: Mapping[str, Any]) -> set[str]:
@@ -284,7 +303,7 @@ def _switch_tree(
     annotations: dict[str, dict[str, str]] = {}
     for key, raw in switches.items():
         where = f"switches.{key}"
-        sw = _mapping(raw or {}, where)
+        sw = _only(_mapping(raw or {}, where), where, _SWITCH_KEYS)
         name = sw.get("name")
         if name is not None and name != key:
             raise InventoryError(f"{where}.name", f"is {name!r}, but the key is {key!r}")

@@ -114,6 +114,24 @@ def test_small_inventory_builds_topologies() -> None:
             id="an override of an unknown node",
         ),
         pytest.param("switchez: {}", "switchez", id="a misspelt top-level key"),
+        pytest.param(
+            "blocks: [{nodes: [n1], nodeprofile: dgx-h100}]",
+            "blocks[0].nodeprofile",
+            id="a key in the wrong case inside a block",
+        ),
+        pytest.param(
+            "blocks: [{nodes: [n1], usde: {n1: [0]}}]", "blocks[0].usde", id="a misspelt used"
+        ),
+        pytest.param(
+            "blocks: [{nodes: [n1], anotations: {}}]",
+            "blocks[0].anotations",
+            id="misspelt annotations",
+        ),
+        pytest.param("switches: {a: {lables: {}}}", "switches.a.lables", id="in a switch"),
+        pytest.param("defaults: {profile: x}", "defaults.profile", id="in the defaults"),
+        pytest.param(
+            "blocks: [{nodes: [n1]}]\nnodes: {n1: {use: [0]}}", "nodes.n1.use", id="in a node"
+        ),
         pytest.param("blocks: [{nodes: [n1]\n", "inventory:2", id="broken YAML"),
     ],
 )
@@ -121,6 +139,12 @@ def test_invalid_inventories_say_where(doc: str, where: str) -> None:
     with pytest.raises(InventoryError) as info:
         parse_inventory(doc)
     assert info.value.where == where
+
+
+def test_an_unknown_key_names_the_key_it_looks_like() -> None:
+    with pytest.raises(InventoryError) as info:
+        parse_inventory("blocks: [{nodes: [n1], nodeprofile: dgx-h100}]")
+    assert str(info.value) == "blocks[0].nodeprofile: unknown key; did you mean nodeProfile?"
 
 
 def test_nodes_need_a_profile_to_become_machines() -> None:

@@ -112,6 +112,11 @@ def test_bad_input_exits_2_naming_the_file_and_the_field(
     ok = write(tmp_path, "groups: [{name: tp}]\n")
     assert main(["place", "--cluster", broken, "--request", ok]) == 2
     assert "blocks[0].switch" in capsys.readouterr().err
+    typo = write(tmp_path, "blocks: [{nodes: [a], nodeprofile: dgx-h100}]\n", "typo.yaml")
+    assert main(["place", "--cluster", typo, "--request", ok]) == 2
+    assert "blocks[0].nodeprofile: unknown key; did you mean nodeProfile?" in (
+        capsys.readouterr().err
+    )
     assert main(["place", "--cluster", str(INVENTORY), "--request", ok, "--policy", "x"]) == 2
     assert "gputopo" in capsys.readouterr().err
 
