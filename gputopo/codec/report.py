@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gputopo import bounds
 from gputopo.codec._base import CodecError
 from gputopo.codec.topology import (
     _measurement_from_proto,
@@ -67,6 +68,20 @@ def peer_probe_from_proto(msg: rpb.PeerProbe, path: str = "peer_probe") -> tuple
 
 
 def delta_from_proto(msg: rpb.Delta, path: str = "delta") -> NodeDelta:
+    """A Delta message as a domain delta; CodecError naming the field if malformed or absurd."""
+    for name, count, limit in (
+        ("gpus", len(msg.gpus), bounds.MAX_GPUS_PER_NODE),
+        ("nics", len(msg.nics), bounds.MAX_NICS_PER_NODE),
+        ("links", len(msg.links), bounds.MAX_LINKS_PER_NODE),
+        ("removed_links", len(msg.removed_links), bounds.MAX_LINKS_PER_NODE),
+        ("problems", len(msg.problems), bounds.MAX_PROBLEMS),
+    ):
+        if count > limit:
+            raise CodecError(f"{path}.{name}", f"{count} items, more than any node has ({limit})")
+    return _delta_from_proto(msg, path)
+
+
+def _delta_from_proto(msg: rpb.Delta, path: str) -> NodeDelta:
     """A Delta message as a domain delta; CodecError naming the field when invalid."""
     removed = tuple(
         (

@@ -3,8 +3,12 @@ measurements, the fabric position, NVML status and the whole `NodeTopology`."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
+from gputopo import bounds
+from gputopo.bounds import BoundsError
 from gputopo.codec._base import CodecError, seconds, timestamp, wire_enum
 from gputopo.links import LinkHealth, LinkKind
 from gputopo.topology import (
@@ -48,6 +52,15 @@ _CONFIDENCE = {
 _CONFIDENCE_BACK = {v: k for k, v in _CONFIDENCE.items()}
 
 
+@contextlib.contextmanager
+def _bounded() -> Iterator[None]:
+    """A figure beyond what hardware can be (`gputopo.bounds`) is a CodecError like any other."""
+    try:
+        yield
+    except BoundsError as err:
+        raise CodecError(err.field, err.reason) from None
+
+
 def _ref_to_proto(ref: DeviceRef) -> tpb.DeviceRef:
     return tpb.DeviceRef(kind=tpb.DeviceKind.ValueType(ref.kind), index=ref.index)
 
@@ -76,6 +89,12 @@ def _measurement_to_proto(m: Measurement) -> tpb.Measurement:
 def _measurement_from_proto(msg: tpb.Measurement, path: str) -> Measurement:
     if not math.isfinite(msg.gbps) or msg.gbps < 0:
         raise CodecError(f"{path}.gbps", "must be a finite, non-negative number")
+    with _bounded():
+        bounds.check_number(f"{path}.gbps", msg.gbps, limit=bounds.MAX_GBPS)
+        bounds.check_number(f"{path}.duration_s", msg.duration_s, limit=86_400.0)
+        if msg.HasField("latency_us"):
+            bounds.check_number(f"{path}.latency_us", msg.latency_us, limit=bounds.MAX_LATENCY_US)
+        bounds.check_text(f"{path}.method", msg.method)
     return Measurement(
         gbps=msg.gbps,
         method=msg.method,
@@ -113,6 +132,11 @@ def link_from_proto(msg: tpb.Link, path: str = "link") -> Link:
     a, b = _ref_from_proto(msg.a, f"{path}.a"), _ref_from_proto(msg.b, f"{path}.b")
     if a == b:
         raise CodecError(path, f"links {a} to itself")
+    with _bounded():
+        bounds.check_number(f"{path}.nominal_gbps", msg.nominal_gbps, limit=bounds.MAX_GBPS)
+        bounds.check_number(f"{path}.lanes", msg.lanes, limit=bounds.MAX_LANES)
+        bounds.check_number(f"{path}.max_lanes", msg.max_lanes, limit=bounds.MAX_LANES)
+        bounds.check_text(f"{path}.health_reason", msg.health_reason)
     return Link(
         a=a,
         b=b,
@@ -166,6 +190,14 @@ def gpu_to_proto(g: Gpu) -> tpb.Gpu:
 
 def gpu_from_proto(msg: tpb.Gpu, path: str = "gpu") -> Gpu:
     """A GPU message as a domain GPU."""
+    with _bounded():
+        bounds.check_number(f"{path}.memory_mib", msg.memory_mib, limit=bounds.MAX_MEMORY_MIB)
+        bounds.check_number(f"{path}.nvlink_lanes", msg.nvlink_lanes, limit=bounds.MAX_LANES)
+        bounds.check_number(
+            f"{path}.nvlink_max_lanes", msg.nvlink_max_lanes, limit=bounds.MAX_LANES
+        )
+        for name in ("uuid", "pci_bus_id", "name", "cpu_affinity", "compute_capability"):
+            bounds.check_text(f"{path}.{name}", getattr(msg, name))
     fabric = None
     if msg.HasField("fabric"):
         fabric = GpuFabric(
@@ -216,6 +248,11 @@ def nic_from_proto(msg: tpb.Nic, path: str = "nic") -> Nic:
     """A NIC message as a domain NIC."""
     if not msg.name:
         raise CodecError(f"{path}.name", "is required")
+    with _bounded():
+        # 1.6 Tb/s is the fastest Ethernet on any roadmap; a hundred times that is no NIC.
+        bounds.check_number(f"{path}.speed_mbps", msg.speed_mbps, limit=160_000_000)
+        for name in ("name", "netdev", "pci_bus_id"):
+            bounds.check_text(f"{path}.{name}", getattr(msg, name))
     return Nic(
         index=msg.index,
         name=msg.name,
@@ -242,6 +279,10 @@ def fabric_to_proto(f: FabricPosition) -> tpb.FabricPosition:
 
 def fabric_from_proto(msg: tpb.FabricPosition) -> FabricPosition:
     """A fabric position message as a domain value."""
+    with _bounded():
+        bounds.check_count("fabric.tiers", len(msg.tiers), bounds.MAX_FABRIC_TIERS)
+        for i, tier in enumerate(msg.tiers):
+            bounds.check_text(f"fabric.tiers[{i}]", tier)
     return FabricPosition(
         tiers=tuple(msg.tiers),
         accelerator_domain=msg.accelerator_domain,
@@ -296,6 +337,17 @@ def topology_from_proto(msg: tpb.NodeTopology, path: str = "topology") -> NodeTo
     """A node topology message as a domain value, validated for consistency."""
     if not msg.name:
         raise CodecError(f"{path}.name", "is required")
+    with _bounded():  # counts first: nothing of a 10,000-GPU claim is built
+        bounds.check_text(f"{path}.name", msg.name)
+        bounds.check_count(f"{path}.gpus", len(msg.gpus), bounds.MAX_GPUS_PER_NODE)
+        bounds.check_count(f"{path}.nics", len(msg.nics), bounds.MAX_NICS_PER_NODE)
+        bounds.check_count(f"{path}.numa_nodes", len(msg.numa_nodes), bounds.MAX_NUMA_NODES)
+        bounds.check_count(f"{path}.links", len(msg.links), bounds.MAX_LINKS_PER_NODE)
+        bounds.check_count(f"{path}.problems", len(msg.problems), bounds.MAX_PROBLEMS)
+        bounds.check_count(f"{path}.fabric.tiers", len(msg.fabric.tiers), bounds.MAX_FABRIC_TIERS)
+        uuids = [g.uuid for g in msg.gpus if g.uuid]
+        if len(set(uuids)) != len(uuids):
+            raise BoundsError(f"{path}.gpus", "two GPUs report the same UUID")
     gpus = tuple(gpu_from_proto(g, f"{path}.gpus[{i}]") for i, g in enumerate(msg.gpus))
     for i, g in enumerate(gpus):
         if g.index != i:
