@@ -31,7 +31,6 @@ import importlib.util
 import itertools
 import re
 import sys
-import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -591,7 +590,6 @@ class FakeNvml:
         self.failing: dict[tuple[str, int | None], str] = {}
         self.calls: Counter[str] = Counter()
         self.initialised = 0
-        self._lock = threading.Lock()
         self.clib = FakeLibNvml(self)
         self.library = load_pynvml_over(self._load)
 
