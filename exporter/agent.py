@@ -200,7 +200,6 @@ class Agent:
         if self.config.gpu_probes:
             self._spawn(self._gpu_probe_loop(), "gpu-probes")
         if self.pod_resources is not None:
-            await self.read_gpu_use()
             self._spawn(self._gpu_use_loop(), "pod-resources")
         if self.config.aggregator:
             self._channel = report_channel(self.config.aggregator, self.config.backoff)
@@ -310,12 +309,14 @@ class Agent:
                 self.stream.changed()
 
     async def _gpu_use_loop(self) -> None:
+        # First read at once, but in the loop: a kubelet that does not answer must not hold up
+        # the agent's start (serving, discovery, the stream) for the call's timeout.
         while True:
-            await asyncio.sleep(self.config.pod_resources_interval_s)
             try:
                 await self.read_gpu_use()
             except Exception:
                 log.exception("reading the kubelet's pod resources failed")
+            await asyncio.sleep(self.config.pod_resources_interval_s)
 
     # --- probes -----------------------------------------------------------------------------
 
