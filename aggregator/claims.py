@@ -9,8 +9,9 @@ The fields read, as `k8s.io/api/resource/v1/types.go` defines them:
 
 1. `status.allocation.devices.results[]`: `driver`, `pool`, `device` of each allocated device.
 2. `status.allocation.nodeSelector`: for node-local devices, a node selector term with a
-   `matchFields` entry `metadata.name In [node]`; that is the node. Without it, a pool named like
-   a known node is taken as that node (NVIDIA's DRA driver names its pool after the node).
+   `matchFields` entry `metadata.name In [node]`; that is the node. Without it, the pool's name
+   is taken as the node's (NVIDIA's DRA driver names its pool after the node); a name that is
+   no node of the cluster holds nothing anyone asks about.
 3. NVIDIA's DRA driver names a whole GPU `gpu-N` and a partition of it `gpu-N-...` (a MIG
    slice): either way GPU N is not free for a whole-GPU placement (`whole` says which). Other
    names of a GPU driver's devices are kept with `gpu=None`: in use, not located.
@@ -46,10 +47,11 @@ class ClaimedDevice:
 def claimed_devices(
     claims: Iterable[Mapping[str, Any]],
     *,
-    nodes: Collection[str],
+    nodes: Collection[str] | None = None,
     drivers: Collection[str] = GPU_DRIVERS,
 ) -> list[ClaimedDevice]:
-    """Every device of a GPU driver that an allocated claim holds on one of `nodes`."""
+    """Every device of a GPU driver that an allocated claim holds: on the node its selector
+    names, else on the node its pool is named after; only on `nodes` when given."""
     found = []
     for claim in claims:
         meta = claim.get("metadata") or {}
@@ -60,8 +62,8 @@ def claimed_devices(
             if result.get("driver") not in drivers:
                 continue
             pool, device = str(result.get("pool", "")), str(result.get("device", ""))
-            node = selected or (pool if pool in nodes else "")
-            if node not in nodes:
+            node = selected or pool
+            if not node or (nodes is not None and node not in nodes):
                 continue
             gpu = _GPU.match(device)
             if gpu is None:

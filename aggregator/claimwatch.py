@@ -2,9 +2,8 @@
 
 Runs on every replica where the API server serves `resource.k8s.io/v1` (Kubernetes 1.34 and
 later); elsewhere it says so once and does nothing. Each claim seen goes through
-`aggregator.claims` to `ClusterState.set_claim`, each deleted claim clears its devices. The
-nodes considered are those the state knows when the claim is seen; a claim seen before its
-node's first report is read again on the next event or relist.
+`aggregator.claims` to `ClusterState.set_claim`, each deleted claim clears its devices. Claims
+are kept whether or not their node has reported yet, so a claim seen first is not lost.
 
 The test API server (1.20) does not serve the API: the reader is tested on recorded objects, the
 watcher only for standing down where the API is missing.
@@ -63,8 +62,7 @@ class ClaimWatcher:
         await self.informer.run()
 
     def _seen(self, claim: dict[str, Any], relisted: bool) -> None:
-        devices = claimed_devices([claim], nodes=set(self.state.node_names))
-        self.state.set_claim(_key(claim), devices)
+        self.state.set_claim(_key(claim), claimed_devices([claim]))
 
     def _deleted(self, claim: dict[str, Any]) -> None:
         self.state.set_claim(_key(claim), [])

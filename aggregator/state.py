@@ -100,8 +100,10 @@ class ClusterState:
         # and the exact GPUs each node's kubelet says it handed out (from the exporters).
         self.occupancy = Occupancy()
         self._kubelet: dict[str, GpuUse] = {}
-        # Devices of GPU drivers that DRA ResourceClaims hold, by claim (namespace/name).
+        # Devices of GPU drivers that DRA ResourceClaims hold, by claim (namespace/name), and
+        # the same by node, which is what every free-GPU question asks.
         self._claims: dict[str, tuple[ClaimedDevice, ...]] = {}
+        self._claimed: dict[str, dict[str, tuple[ClaimedDevice, ...]]] = {}
         self.generation = 0
         self._snapshot: ClusterSnapshot | None = None
         self._snapshot_key: tuple[int, frozenset[str]] | None = None
@@ -436,7 +438,7 @@ class ClusterState:
         use = self._kubelet.get(node)
         if use is not None and use.known:
             free = free.difference(use.held)
-        claimed = [d for devices in self._claims.values() for d in devices if d.node == node]
+        claimed = self.claimed(node)
         free = free.difference(d.gpu for d in claimed if d.gpu is not None)
         taken = self.pod_held(node) + sum(1 for d in claimed if d.gpu is None)
         if not taken:
@@ -474,12 +476,20 @@ class ClusterState:
         else:
             self._claims.pop(claim, None)
         for node in {d.node for d in (*old, *found)}:
+            on_node = self._claimed.setdefault(node, {})
+            here = tuple(d for d in found if d.node == node)
+            if here:
+                on_node[claim] = here
+            else:
+                on_node.pop(claim, None)
+            if not on_node:
+                del self._claimed[node]
             if node in self._nodes:
                 self._changed(ChangeKind.ALLOCATION, node)
 
     def claimed(self, node: str) -> list[ClaimedDevice]:
         """Devices of GPU drivers that claims hold on a node."""
-        return sorted(d for devices in self._claims.values() for d in devices if d.node == node)
+        return sorted(d for devices in self._claimed.get(node, {}).values() for d in devices)
 
     def kubelet_use(self, node: str) -> GpuUse | None:
         """What a node's kubelet last said is held."""

@@ -48,3 +48,11 @@ def test_claimed_gpus_leave_the_free_ones_and_come_back_when_deallocated() -> No
     assert state.snapshot().node("h100-01").free == frozenset(range(2, 8))
     state.set_claim("team-a/train-0-gpus", [])  # deallocated or deleted
     assert len(state.snapshot().node("h100-01").free) == 8
+
+
+def test_a_claim_seen_before_its_node_reports_still_holds_when_it_does() -> None:
+    state = ClusterState(clock=lambda: 1000.0)
+    claim = CLAIMS["items"][0]
+    state.set_claim("team-a/train-0-gpus", claimed_devices([claim]))  # no node known yet
+    state.add_static(pcie_node("h100-01", gpus=8))
+    assert state.snapshot().node("h100-01").free == frozenset(range(2, 8))
