@@ -5,6 +5,7 @@ from __future__ import annotations
 from gputopo import bounds
 from gputopo.codec._base import CodecError
 from gputopo.codec.topology import (
+    _bounded,
     _measurement_from_proto,
     _measurement_to_proto,
     _ref_from_proto,
@@ -69,15 +70,15 @@ def peer_probe_from_proto(msg: rpb.PeerProbe, path: str = "peer_probe") -> tuple
 
 def delta_from_proto(msg: rpb.Delta, path: str = "delta") -> NodeDelta:
     """A Delta message as a domain delta; CodecError naming the field if malformed or absurd."""
-    for name, count, limit in (
-        ("gpus", len(msg.gpus), bounds.MAX_GPUS_PER_NODE),
-        ("nics", len(msg.nics), bounds.MAX_NICS_PER_NODE),
-        ("links", len(msg.links), bounds.MAX_LINKS_PER_NODE),
-        ("removed_links", len(msg.removed_links), bounds.MAX_LINKS_PER_NODE),
-        ("problems", len(msg.problems), bounds.MAX_PROBLEMS),
-    ):
-        if count > limit:
-            raise CodecError(f"{path}.{name}", f"{count} items, more than any node has ({limit})")
+    with _bounded():  # counts first, as for a snapshot: nothing of an absurd delta is built
+        for name, count, limit in (
+            ("gpus", len(msg.gpus), bounds.MAX_GPUS_PER_NODE),
+            ("nics", len(msg.nics), bounds.MAX_NICS_PER_NODE),
+            ("links", len(msg.links), bounds.MAX_LINKS_PER_NODE),
+            ("removed_links", len(msg.removed_links), bounds.MAX_LINKS_PER_NODE),
+            ("problems", len(msg.problems), bounds.MAX_PROBLEMS),
+        ):
+            bounds.check_count(f"{path}.{name}", count, limit)
     return _delta_from_proto(msg, path)
 
 

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from aggregator.server import Aggregator, AggregatorConfig
-from gputopo.codec import timestamp, topology_to_proto
+from gputopo.codec import CodecError, delta_from_proto, timestamp, topology_to_proto
 from gputopo.runtime import grpcio
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
@@ -99,3 +99,12 @@ def test_an_absurd_report_is_refused_and_changes_nothing(case: Absurd) -> None:
             await aggregator.stop()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_delta_claiming_more_gpus_than_any_node_is_refused_before_it_is_built() -> None:
+    delta = rpb.Delta()
+    for i in range(200):
+        delta.gpus.add(index=i, uuid=f"GPU-{i}")
+    with pytest.raises(CodecError) as refused:
+        delta_from_proto(delta)
+    assert refused.value.field == "delta.gpus"
