@@ -86,29 +86,13 @@ class NodeShape:
 _SHAPES: weakref.WeakValueDictionary[tuple[object, ...], NodeShape] = weakref.WeakValueDictionary()
 
 
-# The shape of a topology object without a clock: its signature is a pure function of the object,
-# and building one costs about 0.25 ms on an 8-GPU node, which callers that ask per decision
-# (nvlink_islands) paid again and again. Holds the topology, so an id is never reused under it;
-# bounded, and cleared whole past the bound.
-_BY_TOPOLOGY: dict[int, tuple[NodeTopology, NodeShape]] = {}
-_BY_TOPOLOGY_MAX = 65536
-
-
 def node_shape(topology: NodeTopology, *, now: float | None = None) -> NodeShape:
     """The interned shape of a node (see `NodeShape`); `now` ages out stale measurements."""
-    if now is None:
-        hit = _BY_TOPOLOGY.get(id(topology))
-        if hit is not None and hit[0] is topology:
-            return hit[1]
     signature = _signature(topology, now)
     found = _SHAPES.get(signature)
     if found is None:
         found = NodeShape(signature)
         _SHAPES[signature] = found
-    if now is None:
-        if len(_BY_TOPOLOGY) >= _BY_TOPOLOGY_MAX:
-            _BY_TOPOLOGY.clear()
-        _BY_TOPOLOGY[id(topology)] = (topology, found)
     return found
 
 
