@@ -239,6 +239,7 @@ class FakeCudaRuntime:
             raise TypeError(
                 f"Argument 'kind' has incorrect type (expected cudaMemcpyKind, got {kind!r})"
             )
+        _int(count, "count")
         target, source = self._memory.get(dst), self._memory.get(src)
         if target is None or source is None or stream not in self._streams:
             return (CudaErrorT.cudaErrorInvalidValue,)
@@ -255,6 +256,8 @@ class FakeCudaRuntime:
     def cudaMemcpyPeerAsync(
         self, dst: int, dst_device: int, src: int, src_device: int, count: int, stream: int
     ) -> tuple[CudaErrorT]:
+        for value, name in ((dst_device, "dstDevice"), (src_device, "srcDevice"), (count, "count")):
+            _int(value, name)
         target, source = self._memory.get(dst), self._memory.get(src)
         if target is None or source is None or stream not in self._streams:
             return (CudaErrorT.cudaErrorInvalidValue,)

@@ -144,3 +144,13 @@ def test_the_worker_protocol_carries_the_spread_back_to_a_measurement() -> None:
     assert measured.low_gbps is not None
     assert measured.high_gbps is not None
     assert measured.low_gbps <= measured.gbps <= measured.high_gbps
+
+
+def test_the_fake_refuses_a_float_size_as_the_binding_does() -> None:
+    runtime = FakeCudaRuntime([FakeGpu(VM_BUS)])
+    _, stream = runtime.cudaStreamCreateWithFlags(runtime.cudaStreamNonBlocking)
+    _, dst = runtime.cudaMalloc(1024)
+    _, src = runtime.cudaHostAlloc(1024, runtime.cudaHostAllocDefault)
+    kind = runtime.cudaMemcpyKind.cudaMemcpyHostToDevice
+    with pytest.raises(TypeError, match="count"):
+        runtime.cudaMemcpyAsync(dst, src, 1024.0, kind, stream)  # type: ignore[arg-type]
