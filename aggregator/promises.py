@@ -112,15 +112,21 @@ class KubePromises:
         self.stored: set[str] = set()
 
     async def put(self, res: Reservation) -> None:
-        """Create the object, or patch it when it exists (Commit)."""
+        """Create the object, or patch it when it exists (Commit): one round trip either way,
+        two only when this replica did not know it was stored."""
         body = reservation_to_object(res, self.namespace)
-        try:
-            await self._kube.request("POST", self._path, body=body)
-        except ConflictError:
-            patch = {"spec": body["spec"] | {"expiresAt": body["spec"].get("expiresAt")}}
-            await self._kube.request(
-                "PATCH", f"{self._path}/{quote(res.id)}", body=patch, content_type=MERGE_PATCH
-            )
+        if res.id not in self.stored:
+            try:
+                await self._kube.request("POST", self._path, body=body)
+                self.stored.add(res.id)
+                return
+            except ConflictError:
+                pass
+        # null removes expiresAt in a merge patch: a commitment has none
+        patch = {"spec": body["spec"] | {"expiresAt": body["spec"].get("expiresAt")}}
+        await self._kube.request(
+            "PATCH", f"{self._path}/{quote(res.id)}", body=patch, content_type=MERGE_PATCH
+        )
         self.stored.add(res.id)
 
     async def delete(self, rid: str) -> None:
