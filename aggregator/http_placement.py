@@ -246,7 +246,9 @@ def add_placement_routes(app: web.Application, service: PlacementService) -> Non
     app.router.add_post(
         "/api/v1/placement/release", _mirror(service.release_kept, ppb.ReleaseRequest)
     )
-    app.router.add_post("/api/v1/placement/explain", _mirror(service.explain, ppb.ExplainRequest))
+    app.router.add_post(
+        "/api/v1/placement/explain", _mirror(service.explain_kept, ppb.ExplainRequest)
+    )
     extender = _Extender(service)
     app.router.add_post("/scheduler/filter", extender.filter)
     app.router.add_post("/scheduler/prioritize", extender.prioritize)

@@ -247,12 +247,14 @@ class PlacementService(pgrpc.PlacementServicer):
 
     # --- the same, kept: what is promised is stored before it is said (aggregator.promises) ----
 
-    async def _writable(self) -> None:
+    async def _book_is_current(self) -> None:
+        """Only the leader's book, once restored, may answer about reservations: a replica that
+        answered before its restore would call a live reservation unknown."""
         if not self._may_reserve():
             raise PlacementError(
                 grpc.StatusCode.UNAVAILABLE,
-                "this replica is not the leader: reserve, commit and release through the"
-                " leader's Service",
+                "this replica is not the leader: reserve, commit, release and explain"
+                " reservations through the leader's Service",
             )
         try:
             await asyncio.wait_for(self.ready.wait(), _READY_WAIT_S)
@@ -265,7 +267,7 @@ class PlacementService(pgrpc.PlacementServicer):
         """`place`, with the reservation stored before the answer names it."""
         if request.dry_run:
             return self.place(request)
-        await self._writable()
+        await self._book_is_current()
         resp = self.place(request)
         if self.promises is not None and resp.HasField("reservation"):
             held = self._state.reservation(resp.reservation.id)
@@ -283,7 +285,7 @@ class PlacementService(pgrpc.PlacementServicer):
 
     async def commit_kept(self, request: ppb.CommitRequest) -> ppb.CommitResponse:
         """`commit`, stored before it is answered."""
-        await self._writable()
+        await self._book_is_current()
         resp = self.commit(request)
         held = self._state.reservation(request.reservation_id)
         if self.promises is not None and held is not None:
@@ -297,7 +299,7 @@ class PlacementService(pgrpc.PlacementServicer):
 
     async def release_kept(self, request: ppb.ReleaseRequest) -> ppb.ReleaseResponse:
         """`release`, the stored reservation deleted first (a failed delete frees nothing)."""
-        await self._writable()
+        await self._book_is_current()
         if self.promises is not None and self._state.reservation(request.reservation_id):
             try:
                 await self.promises.delete(request.reservation_id)
@@ -306,6 +308,12 @@ class PlacementService(pgrpc.PlacementServicer):
                     grpc.StatusCode.UNAVAILABLE, f"the release could not be stored: {err}"
                 ) from None
         return self.release(request)
+
+    async def explain_kept(self, request: ppb.ExplainRequest) -> ppb.PlaceResponse:
+        """`explain`; about a reservation, only from the current book."""
+        if request.WhichOneof("subject") == "reservation_id":
+            await self._book_is_current()
+        return self.explain(request)
 
     def explain(self, request: ppb.ExplainRequest) -> ppb.PlaceResponse:
         """A dry run with its reasons, or the figures of an existing reservation."""
@@ -373,8 +381,8 @@ class PlacementService(pgrpc.PlacementServicer):
         request: ppb.ExplainRequest,
         context: grpc.aio.ServicerContext[ppb.ExplainRequest, ppb.PlaceResponse],
     ) -> ppb.PlaceResponse:
-        """See `explain`."""
-        return await _answer(self.explain, request, context)
+        """See `explain_kept`."""
+        return await _answer(self.explain_kept, request, context)
 
     async def GetTopology(  # noqa: N802
         self,

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import cast
+
 import pytest
 
-from aggregator.promises import reservation_from_object, reservation_to_object
+from aggregator.promises import KubePromises, reservation_from_object, reservation_to_object
+from aggregator.service import PlacementService
+from aggregator.state import ClusterState
 from gputopo.placement.result import PlacementResult, PodPlacement
 from gputopo.reservations import Reservation
+from gputopo.v1 import placement_pb2 as ppb
+from tests.builders import pcie_node
 
 RESULT = PlacementResult(
     placed=True,
@@ -60,3 +67,26 @@ def test_a_reservation_round_trips(res: Reservation) -> None:
 def test_a_malformed_object_is_named_by_field(spec: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=field):
         reservation_from_object({"metadata": {"name": "x"}, "spec": spec})
+
+
+def test_explain_waits_for_the_restore_instead_of_calling_a_live_reservation_unknown() -> None:
+    """Seen in the kill -9 walk: a restarted aggregator answered Explain before it had restored
+    its reservations, and a live one was reported NOT_FOUND."""
+    state = ClusterState(clock=lambda: 1000.0)
+    state.add_static(pcie_node("h100-01", gpus=8))
+    promises = cast(KubePromises, object())  # stored somewhere: not ready until restored
+    service = PlacementService(state, clock=lambda: 1000.0, promises=promises)
+    restored = Reservation("a1b2", {"h100-01": frozenset({4, 5})}, 5000.0, result=RESULT)
+
+    async def scenario() -> ppb.PlaceResponse:
+        asking = asyncio.create_task(
+            service.explain_kept(ppb.ExplainRequest(reservation_id="a1b2"))
+        )
+        await asyncio.sleep(0.05)
+        assert not asking.done()  # waits rather than answering from an empty book
+        state.restore([restored])
+        service.ready.set()
+        return await asking
+
+    answer = asyncio.run(scenario())
+    assert [a.node for a in answer.assignments] == ["h100-01"]
