@@ -80,6 +80,8 @@ class BinderConfig:
     # Grace period for pods deleted by an undo (None: the pod's own). Tests without kubelets
     # use 0: no kubelet would ever confirm the pod stopped.
     undo_grace_s: int | None = None
+    # A pause after each step of a gang (tests only: it widens the windows a kill -9 must hit).
+    step_pause_s: float = 0.0
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -264,6 +266,7 @@ class Binder:
                 self._retry_at[key] = time.monotonic() + self.config.retry_unplaced_s
             return False
         if not answer.result.placed or answer.reservation is None:
+            log.info("%s: not placed: %s", key, answer.result.reason)
             self.stats.decided("unschedulable")
             await self._reject(key, pods, "Unschedulable", explain_rejections(answer.result))
             return False
@@ -271,6 +274,7 @@ class Binder:
         where = assign(request, answer.result, pods)
         chosen = [p for p in pods if pod_key(p) in where]
         recorded: list[dict[str, Any]] = []
+        await self._pause()
         # Step 3: record on every pod before binding any.
         for pod in chosen:
             meta = _meta(pod)
@@ -278,6 +282,7 @@ class Binder:
             pod_now = await self.kube.patch_pod_annotations(meta["namespace"], meta["name"], record)
             self._wrote(pod_now)
             recorded.append(pod_now)
+            await self._pause()
         log.info("%s: reserved %s on %s", key, rid, sorted({w.node for w in where.values()}))
         return await self._finish(key, recorded, reservation_alive=True)
 
@@ -293,6 +298,13 @@ class Binder:
             if rid not in self._committed:
                 await self._commit(key, rid, recorded)
             return True
+        if not reservation_alive:
+            log.info(
+                "%s: carrying forward a recorded gang (%d of %d pods bound)",
+                key,
+                len(recorded) - len(unbound),
+                size,
+            )
         alive = reservation_alive or await self._alive(rid)
         if alive is None:
             return False  # the aggregator did not answer: try again next pass
@@ -302,12 +314,18 @@ class Binder:
             await self._undo(key, recorded, rid, why=self._undo_reason(alive, whole))
             return False
         for pod in unbound:
+            await self._pause()
             if not await self._bind(pod):
                 # A pod that cannot be bound after retries (deleted, or refused): undo.
                 await self._undo(key, recorded, rid, why="a bind failed after retries")
                 return False
+        await self._pause()
         await self._commit(key, rid, recorded)
         return True
+
+    async def _pause(self) -> None:
+        if self.config.step_pause_s > 0:
+            await asyncio.sleep(self.config.step_pause_s)
 
     @staticmethod
     def _undo_reason(alive: bool, whole: bool) -> str:

@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="grace period of pods deleted by an undo (default: the pod's own)",
     )
+    parser.add_argument(  # tests only: widens the windows a kill -9 test must hit
+        "--step-pause", type=float, default=0.0, help=argparse.SUPPRESS
+    )
     parser.add_argument("--http-host", default="0.0.0.0", help="address for /metrics, /healthz")
     parser.add_argument("--http-port", type=int, default=9404, help="0 for any free port")
 
@@ -90,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
             scheduler_name=args.scheduler_name,
             reservation_ttl_s=args.reservation_ttl,
             undo_grace_s=args.undo_grace,
+            step_pause_s=args.step_pause,
         ),
         lease=None
         if args.no_leader_election
