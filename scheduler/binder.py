@@ -10,7 +10,8 @@ any point finishes or undoes the group when it (or its successor) starts:
 3. **Record** on every pod the reservation, node and GPU indices (`gputopo.io/*` annotations)
    before binding any: from here on, the cluster says what was decided.
 4. **Bind** each pod through the Binding subresource (a failed bind is retried).
-5. **Commit** the reservation: the GPUs stay held for the pods that now run on them.
+5. **Commit** the reservation: the GPUs stay held for the pods that now run on them, until no
+   live pod records it any more (finished or deleted): then it is released.
 
 On every pass, a group with recorded pods is carried forward (`_finish`): if its reservation is
 still alive and every recorded node still exists, the remaining pods are bound and the
@@ -210,9 +211,26 @@ class Binder:
             if await self._schedule(key, unbound):
                 pending -= 1
         self.stats.groups_pending = pending
+        await self._release_finished(groups)
         for key in list(self._minimum_at):
             if key not in groups:
                 self._minimum_at.pop(key, None)
+
+    async def _release_finished(self, groups: Mapping[GroupKey, list[dict[str, Any]]]) -> None:
+        """Release a committed reservation once no live pod records it (the gang finished or
+        was deleted), so its GPUs go back to the pool."""
+        live = {
+            _annotations(p).get(RESERVATION_ANNOTATION) for pods in groups.values() for p in pods
+        }
+        for rid in sorted(self._committed - live):
+            try:
+                await self.placement.release(rid)
+            except PlacementCallError as err:
+                if err.status != "NOT_FOUND":
+                    log.warning("release %s: %s", rid, err)
+                    continue
+            self._committed.discard(rid)
+            log.info("released %s: no live pod records it", rid)
 
     # --- steps 1 to 5 --------------------------------------------------------------------------
 
@@ -391,7 +409,7 @@ class Binder:
         self._committed.add(rid)
         began = self._minimum_at.pop(key, None)
         if began is not None:
-            self.stats.bind_seconds.append(time.monotonic() - began)
+            self.stats.bound_after(time.monotonic() - began)
             self.stats.decided("bound")
             self._said.pop(key, None)
             for pod in recorded:

@@ -55,11 +55,17 @@ class SchedulerStats:
     bind_attempts: int = 0
     repairs: int = 0
     decisions: dict[str, int] = field(default_factory=dict)
-    bind_seconds: list[float] = field(default_factory=list)
+    bind_buckets: list[int] = field(default_factory=lambda: [0] * (len(_BUCKETS) + 1))
+    bind_sum_s: float = 0.0
 
     def decided(self, outcome: str) -> None:
         """Count one decision."""
         self.decisions[outcome] = self.decisions.get(outcome, 0) + 1
+
+    def bound_after(self, seconds: float) -> None:
+        """One gang bound `seconds` after its minimum was reached."""
+        self.bind_buckets[bisect.bisect_left(_BUCKETS, seconds)] += 1
+        self.bind_sum_s += seconds
 
 
 class SchedulerCollector:
@@ -72,17 +78,11 @@ class SchedulerCollector:
         """The families, from the numbers now."""
         s = self._stats
         yield family(GROUPS_PENDING, value=s.groups_pending)
-        counts = [0] * len(_BUCKETS)
-        for took in s.bind_seconds:
-            i = bisect.bisect_left(_BUCKETS, took)
-            if i < len(counts):
-                counts[i] += 1
         cumulative, running = [], 0
-        for bound, n in zip(_BUCKETS, counts, strict=True):
+        for bound, n in zip((*map(str, _BUCKETS), "+Inf"), s.bind_buckets, strict=True):
             running += n
-            cumulative.append((str(bound), float(running)))
-        cumulative.append(("+Inf", float(len(s.bind_seconds))))
-        yield histogram_family(TIME_TO_BIND, buckets=cumulative, sum_value=sum(s.bind_seconds))
+            cumulative.append((bound, float(running)))
+        yield histogram_family(TIME_TO_BIND, buckets=cumulative, sum_value=s.bind_sum_s)
         yield family(BIND_ATTEMPTS, value=s.bind_attempts)
         yield family(REPAIRS, value=s.repairs)
         decisions = family(DECISIONS)

@@ -140,3 +140,26 @@ def test_a_lone_pod_is_a_gang_of_one_with_its_own_gpus() -> None:
     nogpu = gpu_pod("ns", "cpu", 0, scheduler="s")
     with pytest.raises(RequestError, match=r"nvidia\.com/gpu"):
         build_request(spec_of_lone_pod(nogpu), [nogpu])
+
+
+def test_the_scheduler_serves_the_metric_names_the_conventions_fix() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from scheduler.metrics import SchedulerCollector, SchedulerStats
+
+    stats = SchedulerStats(groups_pending=2, bind_attempts=5, repairs=1)
+    stats.decided("bound")
+    stats.bound_after(0.3)
+    stats.bound_after(400.0)
+    registry = CollectorRegistry()
+    registry.register(SchedulerCollector(stats))
+    text = generate_latest(registry).decode()
+    for line in (
+        "gputopo_scheduler_groups_pending 2.0",
+        'gputopo_scheduler_time_to_bind_seconds_bucket{le="0.5"} 1.0',
+        'gputopo_scheduler_time_to_bind_seconds_bucket{le="+Inf"} 2.0',
+        "gputopo_scheduler_bind_attempts_total 5.0",
+        "gputopo_scheduler_repairs_total 1.0",
+        'gputopo_scheduler_decisions_total{outcome="bound"} 1.0',
+    ):
+        assert line in text
