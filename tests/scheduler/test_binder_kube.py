@@ -151,6 +151,15 @@ def test_a_4x8_gang_binds_whole_where_gputopo_chose_and_an_unfit_one_binds_nothi
                     p for p in await pods_of(kube, ns) if p["metadata"]["name"] == "bad-0"
                 ]
                 assert not bad_pod["spec"].get("nodeName")
+
+                # The gang ends (its pods deleted): its committed reservation is released.
+                for i in range(4):
+                    await kube.delete_pod(ns, f"train-{i}", grace_s=0)
+
+                async def released() -> bool:
+                    return sum(len(agg.state.free_gpus(n.name)) for n in nodes) == 8 * len(nodes)
+
+                await eventually(released, timeout_s=10, what="the ended gang's GPUs released")
         finally:
             kube.close()
 
