@@ -333,6 +333,10 @@ class Binder:
             return False
         for pod in unbound:
             await self._pause()
+            if not await self._nodes_exist([pod]):
+                # The node went away while the gang was binding: no pod may wait on it.
+                await self._undo(key, recorded, rid, why="a node it was placed on is gone")
+                return False
             if not await self._bind(pod):
                 # A pod that cannot be bound after retries (deleted, or refused): undo.
                 await self._undo(key, recorded, rid, why="a bind failed after retries")
