@@ -292,11 +292,17 @@ class Binder:
         where = assign(request, answer.result, pods)
         chosen = [p for p in pods if pod_key(p) in where]
         recorded: list[dict[str, Any]] = []
+        try:
+            uuids = await self.placement.gpu_uuids(sorted({w.node for w in where.values()}))
+        except PlacementCallError as err:  # the UUIDs are for people; indices suffice to bind
+            log.warning("%s: no GPU UUIDs (%s); recording indices only", key, err)
+            uuids = {}
         await self._pause()
         # Step 3: record on every pod before binding any.
         for pod in chosen:
             meta = _meta(pod)
-            record = record_annotations(rid, where[pod_key(pod)], len(chosen))
+            place = where[pod_key(pod)]
+            record = record_annotations(rid, place, len(chosen), uuids.get(place.node))
             pod_now = await self.kube.patch_pod_annotations(meta["namespace"], meta["name"], record)
             self._wrote(pod_now)
             recorded.append(pod_now)

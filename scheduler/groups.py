@@ -46,6 +46,7 @@ __all__ = [
     "REQUEST_ANNOTATION",
     "RESERVATION_ANNOTATION",
     "SIZE_ANNOTATION",
+    "UUIDS_ANNOTATION",
     "GroupKey",
     "GroupSpec",
     "assign",
@@ -70,12 +71,14 @@ RESERVATION_ANNOTATION = "gputopo.io/reservation"
 NODE_ANNOTATION = "gputopo.io/node"
 GPUS_ANNOTATION = "gputopo.io/gpus"
 SIZE_ANNOTATION = "gputopo.io/gang-size"
+UUIDS_ANNOTATION = "gputopo.io/gpu-uuids"
 _PLACE_KEYS = ("gputopo.io/replica", "gputopo.io/pod", "gputopo.io/rank")
 RECORD_KEYS: tuple[str, ...] = (
     RESERVATION_ANNOTATION,
     NODE_ANNOTATION,
     GPUS_ANNOTATION,
     SIZE_ANNOTATION,
+    UUIDS_ANNOTATION,
     *_PLACE_KEYS,
 )
 GPU_RESOURCES = ("nvidia.com/gpu",)
@@ -281,9 +284,12 @@ def assign(
     return out
 
 
-def record_annotations(reservation: str, where: PodPlacement, size: int) -> dict[str, str]:
-    """What the binder writes on a pod before binding it (and reads back after a restart)."""
-    return {
+def record_annotations(
+    reservation: str, where: PodPlacement, size: int, uuids: Mapping[int, str] | None = None
+) -> dict[str, str]:
+    """What the binder writes on a pod before binding it (and reads back after a restart):
+    the GPU UUIDs too when the aggregator knows them, in the order of the indices."""
+    out = {
         RESERVATION_ANNOTATION: reservation,
         NODE_ANNOTATION: where.node,
         GPUS_ANNOTATION: ",".join(str(g) for g in where.gpus),
@@ -292,6 +298,9 @@ def record_annotations(reservation: str, where: PodPlacement, size: int) -> dict
         "gputopo.io/pod": str(where.pod),
         "gputopo.io/rank": str(where.rank),
     }
+    if uuids and all(g in uuids for g in where.gpus):
+        out[UUIDS_ANNOTATION] = ",".join(uuids[g] for g in where.gpus)
+    return out
 
 
 def explain_rejections(result: PlacementResult, *, limit: int = 6) -> str:

@@ -86,6 +86,9 @@ def test_a_4x8_gang_binds_whole_where_gputopo_chose_and_an_unfit_one_binds_nothi
                     ann = pod["metadata"]["annotations"]
                     assert pod["spec"]["nodeName"] == ann["gputopo.io/node"]
                     assert len(ann["gputopo.io/gpus"].split(",")) == 8
+                    uuids = ann["gputopo.io/gpu-uuids"].split(",")
+                    assert len(set(uuids)) == 8
+                    assert all(u.startswith("GPU-") for u in uuids)
                     assert ann["gputopo.io/reservation"]
                 used = _gpus_by_node(pods)
                 assert len(used) == 4  # 8 GPUs a pod on 8-GPU nodes: one pod a node
