@@ -42,7 +42,7 @@ def test_bench_binder_runs_three_setups_and_only_the_binder_leaves_no_partial_ga
     assert list(setups) == ["binder", "extender", "default"]
     binder, default = setups["binder"], setups["default"]
     assert binder["partial_groups_end"] == 0
-    assert binder["partial_gpus_peak"] == 0
+    assert binder["partial_gpus_end"] == 0
     assert binder["groups_fully_bound"] >= 1
     assert default["partial_groups_end"] > 0  # the failure the binder exists for
     assert binder["gang64_bind_seconds"] is not None
