@@ -163,6 +163,20 @@ def test_a_4x8_gang_binds_whole_where_gputopo_chose_and_an_unfit_one_binds_nothi
                     return sum(len(agg.state.free_gpus(n.name)) for n in nodes) == 8 * len(nodes)
 
                 await eventually(released, timeout_s=10, what="the ended gang's GPUs released")
+
+                # A pod in no group is a gang of one.
+                lone = gpu_pod(ns, "lone", 4, scheduler=name)
+                await create(kube, f"/api/v1/namespaces/{ns}/pods", lone)
+
+                async def lone_bound() -> bool:
+                    for p in await pods_of(kube, ns):
+                        if p["metadata"]["name"] == "lone" and p["spec"].get("nodeName"):
+                            return (
+                                len(p["metadata"]["annotations"]["gputopo.io/gpus"].split(",")) == 4
+                            )
+                    return False
+
+                await eventually(lone_bound, timeout_s=10, what="the lone pod bound")
         finally:
             kube.close()
 
