@@ -10,6 +10,7 @@ import pytest
 
 from gputopo.app.benchmarks.binder import table
 from gputopo.app.cli import main
+from tests.aggregator.kubeutil import install_crds
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scheduler import find_scheduler
 from tests.harness.kube_scope import KubeScope
@@ -23,6 +24,8 @@ def test_bench_binder_runs_three_setups_and_only_the_binder_leaves_no_partial_ga
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    # Installed for the scope (deleted after the test) so the bench's own install finds it.
+    install_crds(kube_scope, "coscheduling-podgroups.yaml")
     argv = [
         "bench",
         "binder",
