@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     args = _parser().parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
-    if args.command == "aggregator":
+    if args.command in ("aggregator", "scheduler"):
         level = min(level, logging.INFO)
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 _TIMEOUT = (5.0, 30.0)  # connect, read (seconds)
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 
 class KubeError(Exception):
@@ -469,6 +470,97 @@ class KubeClient:
             query={"labelSelector": selector},
         )
         return [obj["metadata"]["name"] for obj in page.get("items") or []]
+
+    # --- pods (the gang binder records, binds, explains and undoes) ---------------------------
+
+    @staticmethod
+    def _pod_path(namespace: str, name: str) -> str:
+        return f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
+
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> dict[str, Any]:
+        """A merge patch of a Pod's annotations (None removes a key); returns the Pod."""
+        result: dict[str, Any] = await self.request(
+            "PATCH",
+            self._pod_path(namespace, name),
+            body={"metadata": {"annotations": dict(annotations)}},
+            content_type=MERGE_PATCH,
+        )
+        return result
+
+    async def bind_pod(self, namespace: str, name: str, node: str, *, uid: str = "") -> None:
+        """Bind a Pod to a node through the Binding subresource (409 when already bound).
+
+        With `uid` the bind applies only to that incarnation of the pod, so a pod deleted and
+        recreated under the same name is never bound by a stale decision."""
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        if uid:
+            meta["uid"] = uid
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": meta,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        await self.request("POST", self._pod_path(namespace, name) + "/binding", body=body)
+
+    async def delete_pod(
+        self, namespace: str, name: str, *, uid: str = "", grace_s: int | None = None
+    ) -> None:
+        """Delete a Pod (already gone is fine); with `uid`, only that incarnation."""
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        if grace_s is not None:
+            body["gracePeriodSeconds"] = grace_s
+        with contextlib.suppress(NotFoundError, ConflictError):
+            await self.request("DELETE", self._pod_path(namespace, name), body=body)
+
+    async def set_pod_condition(
+        self, namespace: str, name: str, condition: Mapping[str, str]
+    ) -> None:
+        """Set one condition of a Pod's status (a strategic merge keyed by `type`)."""
+        await self.request(
+            "PATCH",
+            self._pod_path(namespace, name) + "/status",
+            body={"status": {"conditions": [dict(condition)]}},
+            content_type=STRATEGIC_MERGE_PATCH,
+        )
+
+    async def create_event(
+        self,
+        involved: Mapping[str, Any],
+        *,
+        reason: str,
+        message: str,
+        type_: str = "Normal",
+        component: str = "gputopo-scheduler",
+        now: str = "",
+    ) -> None:
+        """A core/v1 Event about an object (`involved`: its JSON), as kubectl describe shows."""
+        meta = involved.get("metadata") or {}
+        namespace = str(meta.get("namespace") or "default")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'object')}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion", "v1"),
+                "kind": involved.get("kind", "Pod"),
+                "name": meta.get("name", ""),
+                "namespace": namespace,
+                "uid": meta.get("uid", ""),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": component},
+            "count": 1,
+        }
+        if now:
+            body["firstTimestamp"] = body["lastTimestamp"] = now
+        await self.request("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body=body)
 
     # --- custom resources (cluster-scoped scheduler objects) ----------------------------------
 

@@ -8,7 +8,7 @@ field path and the reason), so a caller can tell "fix the request" from "try aga
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -99,6 +99,15 @@ class PlacementClient:
         req = ppb.ReleaseRequest(reservation_id=reservation_id)
         resp = await self._call(self._stub.Release(req))
         return resp.gpus_freed
+
+    async def gpu_uuids(self, nodes: Sequence[str]) -> dict[str, dict[int, str]]:
+        """node -> GPU index -> UUID, as the nodes' exporters reported them (GetTopology)."""
+        req = ppb.GetTopologyRequest(nodes=list(nodes), include_links=False)
+        resp = await self._call(self._stub.GetTopology(req))
+        return {
+            state.topology.name: {gpu.index: gpu.uuid for gpu in state.topology.gpus}
+            for state in resp.nodes
+        }
 
     @staticmethod
     async def _call(call: Awaitable[_R]) -> _R:

@@ -1,0 +1,100 @@
+"""Helpers for the gang binder's tests against the real test API server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from aggregator.server import Aggregator
+from gputopo.runtime import grpcio
+from gputopo.runtime.kube import KubeClient
+from gputopo.runtime.placement_client import PlacementClient
+from scheduler.binder import Binder, BinderConfig
+from scheduler.groups import COSCHEDULING_LABEL, GROUP_LABEL
+
+PODGROUPS = "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups"
+
+
+def gpu_pod(
+    namespace: str,
+    name: str,
+    gpus: int,
+    *,
+    scheduler: str,
+    pod_group: str = "",
+    group: str = "",
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A pod asking `gpus` nvidia.com/gpu, named for `scheduler`."""
+    labels = {}
+    if pod_group:
+        labels[COSCHEDULING_LABEL] = pod_group
+    if group:
+        labels[GROUP_LABEL] = group
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": dict(annotations or {}),
+        },
+        "spec": {
+            "schedulerName": scheduler,
+            "containers": [
+                {"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+            ],
+        },
+    }
+
+
+def pod_group(
+    namespace: str, name: str, min_member: int, request: Mapping[str, Any] | str | None = None
+) -> dict[str, Any]:
+    """A coscheduling PodGroup, with a `gputopo.io/request` annotation when given."""
+    annotations = {}
+    if request is not None:
+        text = request if isinstance(request, str) else json.dumps(request)
+        annotations["gputopo.io/request"] = text
+    return {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+        "spec": {"minMember": min_member},
+    }
+
+
+async def create(kube: KubeClient, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = await kube.request("POST", path, body=dict(body))
+    return result
+
+
+async def pods_of(kube: KubeClient, namespace: str) -> list[dict[str, Any]]:
+    page = await kube.request("GET", f"/api/v1/namespaces/{namespace}/pods")
+    return list(page.get("items") or [])
+
+
+async def events_of(kube: KubeClient, namespace: str) -> list[dict[str, Any]]:
+    page = await kube.request("GET", f"/api/v1/namespaces/{namespace}/events")
+    return list(page.get("items") or [])
+
+
+@contextlib.asynccontextmanager
+async def binder(
+    kube_client: KubeClient, agg: Aggregator, config: BinderConfig
+) -> AsyncIterator[Binder]:
+    """A Binder in this loop, talking to the aggregator over loopback gRPC."""
+    async with grpcio.channel(agg.grpc_target) as channel:
+        b = Binder(kube_client, PlacementClient(channel), config)  # type: ignore[arg-type]
+        task = asyncio.create_task(b.run())
+        try:
+            await asyncio.wait_for(b.pods.synced.wait(), timeout=30)
+            yield b
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
