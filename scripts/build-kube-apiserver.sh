@@ -237,13 +237,22 @@ fetch_source() {
 }
 
 # Vendored reflect2 1.0.1 faults on Go >= 1.18 at the first custom-resource write; reflect2 1.0.2
-# and json-iterator 1.1.12 fix it. Debian's packages of them when installed, else the same
-# versions from the Go module proxy.
+# and json-iterator 1.1.12 fix it. Debian's packages of them (installed with apt where it is
+# present), else the same versions from the Go module proxy.
 replace_broken_vendor() {
   local entry dep version dir
   for entry in "${FIXED_VENDOR[@]}"; do
-    read -r dep version _ <<<"${entry}"
+    read -r dep version package <<<"${entry}"
     dir="/usr/share/gocode/src/${dep}"
+    # Debian's package first: the Go module proxy is often out of reach where apt is not.
+    if [[ ! -d ${dir} ]] && has_apt; then
+      step "installing packages: ${package}"
+      logged as_root env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -q --no-install-recommends "${package}" ||
+        { logged as_root apt-get update -q &&
+          logged as_root env DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -q --no-install-recommends "${package}"; } || true
+    fi
     if [[ ! -d ${dir} ]]; then
       dir=$(GO111MODULE=on GOFLAGS=-modcacherw GOPROXY="${GPUTOPO_GOPROXY:-https://proxy.golang.org}" \
         "${GO}" mod download -json "${dep}@${version}" 2>>"${LOG_FILE}" |
