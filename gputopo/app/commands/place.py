@@ -61,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
         inventory = parse_inventory(text, source=args.cluster)
         topologies, used = inventory_topologies(inventory)
     except (OSError, InventoryError) as err:
-        print(f"gputopo place: {args.cluster}: {err}", file=sys.stderr)
+        why = _one_line(err)
+        where = "" if why.startswith(args.cluster) else f"{args.cluster}: "
+        print(f"gputopo place: {where}{why}", file=sys.stderr)
         return 2
     try:
         request = request_from_mapping(yaml.safe_load(read_text(args.request)))
