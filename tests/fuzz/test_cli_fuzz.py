@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gputopo.app.cli import main
+from tests.fuzz.conftest import record_summary
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 INVENTORY = DATA / "inventory_small.yaml"
@@ -38,7 +39,7 @@ COUNTS = {"runs": 0, "tracebacks": 0, "multi_line_errors": 0, "slowest_s": 0.0}
 @pytest.fixture(scope="module", autouse=True)
 def summary() -> Iterator[None]:
     yield
-    print("FUZZ-SUMMARY " + json.dumps({"suite": "cli", **COUNTS}, sort_keys=True))
+    record_summary({"suite": "cli", **COUNTS})
 
 
 def _cli(argv: list[str]) -> tuple[int, str]:

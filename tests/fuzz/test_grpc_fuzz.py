@@ -9,7 +9,6 @@ log and memory are its own."""
 
 from __future__ import annotations
 
-import json
 import signal
 import socket
 import subprocess
@@ -27,6 +26,7 @@ from hypothesis import strategies as st
 
 from gputopo.v1 import placement_pb2 as ppb
 from gputopo.v1 import reporter_pb2 as rpb
+from tests.fuzz.conftest import record_summary
 
 INVENTORY = Path(__file__).resolve().parents[1] / "data" / "inventory_small.yaml"
 FUZZ = settings(
@@ -151,7 +151,7 @@ def agg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Aggregator]:
     finally:
         summary = a.stop()
         SUMMARY.update(summary)
-        print("FUZZ-SUMMARY " + json.dumps({"suite": "grpc", **summary}, sort_keys=True))
+        record_summary({"suite": "grpc", **summary})
 
 
 SUMMARY: dict[str, Any] = {}

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from aggregator.server import Aggregator, AggregatorConfig
 from tests.builders import nvswitch_node
+from tests.fuzz.conftest import record_summary
 
 POSTS = [
     "/api/v1/placement/place",
@@ -113,7 +114,7 @@ def served() -> Iterator[tuple[_Served, _Tracebacks]]:
             "tracebacks_in_log": len(catcher.records),
             "statuses": s.statuses,
         }
-        print("FUZZ-SUMMARY " + json.dumps(summary, sort_keys=True))
+        record_summary(summary)
 
 
 def _nest(depth: int, value: Any = 0) -> bytes:
@@ -244,3 +245,33 @@ def test_no_traceback_was_logged(served: tuple[_Served, _Tracebacks]) -> None:
     assert s.counts["requests"] > 0
     assert [r.getMessage() for r in catcher.records] == []
     assert s.counts["http_500"] == 0
+
+
+def test_exporter_routes_never_500() -> None:
+    """The exporter serves only the common routes (runtime.http.HttpServer); the same garbage,
+    methods it does not serve and junk queries get 4xx, never 5xx."""
+    from prometheus_client import CollectorRegistry
+
+    from gputopo.runtime.http import HttpServer
+
+    async def go() -> list[int]:
+        import aiohttp
+
+        server = HttpServer(registry=CollectorRegistry())
+        port = await server.start("127.0.0.1", 0)
+        out = []
+        try:
+            async with aiohttp.ClientSession() as session:
+                for path in ("/metrics", "/healthz", "/readyz", "/nope", "/metrics?name[]=%ff"):
+                    for method in ("GET", "POST", "PUT", "DELETE"):
+                        body = b"[" * 100_000 if method != "GET" else None
+                        url = f"http://127.0.0.1:{port}{path}"
+                        async with session.request(method, url, data=body) as resp:
+                            out.append(resp.status)
+        finally:
+            await server.stop()
+        return out
+
+    statuses = asyncio.run(go())
+    assert len(statuses) == 20
+    assert all(s < 500 for s in statuses), statuses
