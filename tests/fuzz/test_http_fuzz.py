@@ -12,6 +12,8 @@ import http.client
 import json
 import logging
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -239,14 +241,6 @@ def test_gets_with_junk_never_500(
     assert s.send("GET", f"/api/v1/nodes/{quote(junk, safe='')}") < 500
 
 
-def test_no_traceback_was_logged(served: tuple[_Served, _Tracebacks]) -> None:
-    """Runs last in the module: every request above left no traceback in the log."""
-    s, catcher = served
-    assert s.counts["requests"] > 0
-    assert [r.getMessage() for r in catcher.records] == []
-    assert s.counts["http_500"] == 0
-
-
 def test_exporter_routes_never_500() -> None:
     """The exporter serves only the common routes (runtime.http.HttpServer); the same garbage,
     methods it does not serve and junk queries get 4xx, never 5xx."""
@@ -275,3 +269,31 @@ def test_exporter_routes_never_500() -> None:
     statuses = asyncio.run(go())
     assert len(statuses) == 20
     assert all(s < 500 for s in statuses), statuses
+
+
+def test_the_400_names_the_problem(served: tuple[_Served, _Tracebacks]) -> None:
+    """What a client reads: the route (or field) and what is wrong, on one line."""
+    s, _ = served
+    base = f"http://127.0.0.1:{s.agg.http_port}"
+    cases = {
+        "/api/v1/placement/place": (_nest(5_000), "nested too deeply"),
+        "/api/v1/placement/commit": (b"[1, 2]", "a JSON object expected, not list"),
+        "/scheduler/filter": (b'{"Pod": {"metadata": [1]}, "NodeNames": []}', "Pod.metadata"),
+        "/scheduler/prioritize": (b'{"Pod": {}, "NodeNames": [1]}', "NodeNames"),
+    }
+    for path, (body, words) in cases.items():
+        req = urllib.request.Request(base + path, data=body, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=30)
+        assert info.value.code == 400
+        text = info.value.read().decode()
+        assert words in text, (path, text)
+        assert "\n" not in text.strip()
+
+
+def test_no_traceback_was_logged(served: tuple[_Served, _Tracebacks]) -> None:
+    """Runs last in the module: every request above left no traceback in the log."""
+    s, catcher = served
+    assert s.counts["requests"] > 0
+    assert [r.getMessage() for r in catcher.records] == []
+    assert s.counts["http_500"] == 0
