@@ -86,8 +86,13 @@ def _mirror(
             body = await request.json()
         except ValueError as err:
             return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body: not JSON ({err})")
+        if not isinstance(body, dict):
+            got = type(body).__name__
+            return _error(
+                grpc.StatusCode.INVALID_ARGUMENT, f"body: a JSON object expected, not {got}"
+            )
         try:
-            if isinstance(body, dict) and "request" in body:
+            if "request" in body:
                 body = {**body, "request": request_json_with_wire_names(body["request"])}
         except RequestError as err:
             return _error(grpc.StatusCode.INVALID_ARGUMENT, str(err))
@@ -202,15 +207,53 @@ async def _extender_args(
         return web.json_response({"Error": f"body: not JSON ({err})"}, status=400)
     if not isinstance(body, dict) or not isinstance(body.get("Pod"), dict):
         return web.json_response({"Error": "body: ExtenderArgs with a Pod expected"}, status=400)
+    if (why := _pod_shape(body["Pod"])) is not None:
+        return web.json_response({"Error": why}, status=400)
     nodes_obj = body.get("Nodes")
     if isinstance(body.get("NodeNames"), list):
-        names = [str(n) for n in body["NodeNames"]]
+        if not all(isinstance(n, str) for n in body["NodeNames"]):
+            return web.json_response({"Error": "NodeNames: a list of strings expected"}, status=400)
+        names = list(body["NodeNames"])
         nodes_obj = None
     elif isinstance(nodes_obj, dict):
-        names = [_node_name(i) for i in nodes_obj.get("items") or []]
+        items = nodes_obj.get("items") or []
+        if not isinstance(items, list) or not all(
+            isinstance(i, dict) and isinstance(i.get("metadata") or {}, dict) for i in items
+        ):
+            why = "Nodes.items: a list of Node objects expected"
+            return web.json_response({"Error": why}, status=400)
+        names = [_node_name(i) for i in items]
     else:
         return web.json_response({"Error": "body: Nodes or NodeNames expected"}, status=400)
     return body["Pod"], names, nodes_obj
+
+
+def _pod_shape(pod: Mapping[str, Any]) -> str | None:
+    """Why the Pod's parts this extender reads are not the shapes Kubernetes sends, or None.
+
+    Checked up front so a wrong type gets a 400 naming its field rather than tripping later."""
+    meta = pod.get("metadata") or {}
+    if not isinstance(meta, dict):
+        return "Pod.metadata: an object expected"
+    if not isinstance(meta.get("annotations") or {}, dict):
+        return "Pod.metadata.annotations: an object expected"
+    spec = pod.get("spec") or {}
+    if not isinstance(spec, dict):
+        return "Pod.spec: an object expected"
+    for key in ("containers", "initContainers"):
+        containers = spec.get(key) or []
+        if not isinstance(containers, list):
+            return f"Pod.spec.{key}: a list expected"
+        for i, c in enumerate(containers):
+            if not isinstance(c, dict):
+                return f"Pod.spec.{key}[{i}]: an object expected"
+            res = c.get("resources") or {}
+            if not isinstance(res, dict):
+                return f"Pod.spec.{key}[{i}].resources: an object expected"
+            for part in ("limits", "requests"):
+                if not isinstance(res.get(part) or {}, dict):
+                    return f"Pod.spec.{key}[{i}].resources.{part}: an object expected"
+    return None
 
 
 def _node_name(item: Mapping[str, Any]) -> str:

@@ -48,6 +48,7 @@ from gputopo.topology import FabricPosition, NodeTopology
 __all__ = [
     "ACCELERATOR_DOMAIN_SUFFIX",
     "ACCELERATOR_SUB_DOMAIN_SUFFIX",
+    "MAX_NODES",
     "Inventory",
     "InventoryError",
     "InventoryNode",
@@ -57,12 +58,18 @@ __all__ = [
     "inventory_topologies",
     "load_inventory",
     "parse_inventory",
+    "read_text",
 ]
 
 # topograph's annotation keys end so (`accelerator.topology.test/domain` in its fixtures, another
 # prefix on a real site); any key under an `accelerator` prefix with these names counts.
 ACCELERATOR_DOMAIN_SUFFIX = "/domain"
 ACCELERATOR_SUB_DOMAIN_SUFFIX = "/sub-domain"
+
+# Nodes one inventory may name: past the largest GPU clusters built (about 25,000 nodes of eight
+# GPUs), and small enough that a range bomb (`h-[1-100000]` five times over) is refused by
+# counting, before a single name is made.
+MAX_NODES = 50_000
 
 _RANGE = re.compile(r"^(?P<prefix>[^\[\]]*)\[(?P<body>[^\[\]]+)\](?P<suffix>[^\[\]]*)$")
 _TRAILING_NUMBER = re.compile(r"^(?P<prefix>.*?)(?P<number>\d+)$")
@@ -117,36 +124,45 @@ class Inventory:
         return max((len(n.tiers) for n in self.nodes.values()), default=0)
 
 
-def expand_hostlist(pattern: str) -> list[str]:
+def expand_hostlist(pattern: str, *, limit: int = MAX_NODES) -> list[str]:
     """Slurm-style compact node names: `node[01-03,07]` -> node01, node02, node03, node07.
 
     Zero padding follows the range's start (`[001-010]` gives three digits). A name without
-    brackets is itself. Raises ValueError with the reason for malformed patterns.
+    brackets is itself. Raises ValueError with the reason for malformed patterns, and when the
+    pattern names more than `limit` nodes: every range is read and counted first, so a huge
+    pattern is refused without being expanded.
     """
     text = pattern.strip()
     if "[" not in text and "]" not in text:
         if not text:
             raise ValueError("empty node name")
+        if limit < 1:
+            raise ValueError(f"more than {MAX_NODES} nodes in all")
         return [text]
     match = _RANGE.match(text)
     if match is None:
-        raise ValueError(f"cannot read node range {pattern!r}")
-    out: list[str] = []
+        raise ValueError(f"cannot read node range {pattern[:80]!r}")
+    spans: list[tuple[int, int, int]] = []
+    count = 0
     for part in match.group("body").split(","):
         lo, sep, hi = part.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"bad range {part!r} in {pattern!r}")
+        if not lo.isdigit() or (sep and not hi.isdigit()) or len(lo) > 18 or len(hi) > 18:
+            raise ValueError(f"bad range {part[:40]!r} in {pattern[:80]!r}")
         first, last = int(lo), int(hi) if sep else int(lo)
         if last < first:
-            raise ValueError(f"range {part!r} in {pattern!r} runs backwards")
-        if last - first > 100_000:
-            raise ValueError(f"range {part!r} in {pattern!r} is implausibly large")
-        width = len(lo)
-        out.extend(
-            f"{match.group('prefix')}{i:0{width}d}{match.group('suffix')}"
-            for i in range(first, last + 1)
-        )
-    return out
+            raise ValueError(f"range {part!r} in {pattern[:80]!r} runs backwards")
+        count += last - first + 1
+        if count > limit:
+            raise ValueError(
+                f"{pattern[:80]!r} names at least {count} nodes; at most {MAX_NODES} in all"
+            )
+        spans.append((first, last, len(lo)))
+    prefix, suffix = match.group("prefix"), match.group("suffix")
+    return [
+        f"{prefix}{i:0{width}d}{suffix}"
+        for first, last, width in spans
+        for i in range(first, last + 1)
+    ]
 
 
 def compact_hostlist(names: Iterable[str]) -> list[str]:
@@ -188,14 +204,30 @@ def compact_hostlist(names: Iterable[str]) -> list[str]:
 
 def load_inventory(path: str) -> Inventory:
     """Read and parse an inventory file."""
-    with open(path, encoding="utf-8") as fh:
-        return parse_inventory(fh.read(), source=path)
+    return parse_inventory(read_text(path), source=path)
+
+
+def read_text(path: str) -> str:
+    """A YAML file's text, or InventoryError saying in one line why it is not UTF-8 text (a binary
+    file, a UTF-16 export from an editor) instead of a UnicodeDecodeError traceback."""
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise InventoryError(path, "is UTF-16 text; save it as UTF-8")
+    if b"\0" in raw:
+        raise InventoryError(path, "is a binary file, not YAML text")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InventoryError(path, f"is not UTF-8 text (byte {err.start})") from None
 
 
 def parse_inventory(text: str, *, source: str = "inventory") -> Inventory:
     """Parse an inventory document (see the module docstring)."""
     try:
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise InventoryError(source, "nested too deeply to be an inventory") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source
@@ -223,10 +255,11 @@ def parse_inventory(text: str, *, source: str = "inventory") -> Inventory:
         domain, sub = _accelerator(merged_ann)
         profile = _str(block.get("nodeProfile", default_profile), f"{where}.nodeProfile")
         used = _used(block.get("used"), f"{where}.used")
-        names = []
+        names: list[str] = []
         for j, pattern in enumerate(_list(block.get("nodes") or [], f"{where}.nodes")):
             try:
-                names.extend(expand_hostlist(_str(pattern, f"{where}.nodes[{j}]")))
+                room = MAX_NODES - len(nodes) - len(names)
+                names.extend(expand_hostlist(_str(pattern, f"{where}.nodes[{j}]"), limit=room))
             except ValueError as err:
                 raise InventoryError(f"{where}.nodes[{j}]", str(err)) from None
         if not names:

@@ -159,3 +159,28 @@ def test_used_gpus_must_exist_on_the_machine() -> None:
     inv = parse_inventory("blocks: [{nodes: [n1], nodeProfile: gb200-tray, used: {n1: [5]}}]")
     with pytest.raises(InventoryError, match="GPU 5 does not exist"):
         inventory_topologies(inv)
+
+
+def test_a_host_range_bomb_is_counted_not_expanded() -> None:
+    """`h-[1-100000]` five times over is refused by counting, in well under a second."""
+    import time
+
+    from gputopo.inventory import MAX_NODES, expand_hostlist
+
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="at most 50000"):
+        expand_hostlist("h-[" + ",".join(["1-100000"] * 5) + "]")
+    with pytest.raises(ValueError, match="bad range"):
+        expand_hostlist("h-[1-" + "9" * 5000 + "]")
+    with pytest.raises(ValueError, match="at least 3 nodes"):
+        expand_hostlist("h-[1-3]", limit=2)
+    assert time.monotonic() - start < 1
+    assert len(expand_hostlist(f"h-[1-{MAX_NODES}]")) == MAX_NODES
+
+
+def test_an_inventory_names_at_most_max_nodes_in_all() -> None:
+    blocks = "\n".join(
+        f'  - {{switch: leaf, nodes: ["h{i}-[1-20000]"], nodeProfile: dgx-h100}}' for i in range(3)
+    )
+    with pytest.raises(InventoryError, match=r"blocks\[2\]\.nodes\[0\].*at most 50000"):
+        parse_inventory(f"switches: {{leaf: {{}}}}\nblocks:\n{blocks}\n")

@@ -53,6 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except KeyboardInterrupt:
         return 130
+    except (UnicodeError, RecursionError) as err:
+        # Bad input that slipped past a command's own checks: one line and exit 2, no traceback.
+        why = "nested too deeply" if isinstance(err, RecursionError) else str(err)[:200]
+        print(f"gputopo {args.command}: bad input: {why}", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         # The reader went away (`gputopo demo --json | head`): stop quietly, like other CLIs.
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -45,7 +45,17 @@ def cpulist_from_mask(mask: str) -> str:
     """Turn a hex CPU mask as sysfs and NCCL print it (`0000ffff,ffffffff`, most significant
     32-bit word first) into a cpulist (`0-47`); ValueError if it is not hex."""
     words = mask.strip().split(",")
+    # Linux builds for at most 8,192 CPUs (NR_CPUS); a longer mask is not a machine's, and
+    # testing each bit of a huge int is quadratic (a 100,000-digit mask took seconds).
+    if len(words) > _MAX_MASK_WORDS:
+        raise ValueError(f"a CPU mask of {len(words)} words names more than 8192 CPUs")
     value = 0
     for word in words:
+        if len(word) > 8:
+            raise ValueError(f"CPU mask word {word[:16]!r} is longer than 32 bits")
         value = (value << 32) | int(word, 16)
-    return format_cpulist([bit for bit in range(value.bit_length()) if value >> bit & 1])
+    bits = bin(value)[:1:-1]  # least significant first, one pass
+    return format_cpulist([i for i, b in enumerate(bits) if b == "1"])
+
+
+_MAX_MASK_WORDS = 8192 // 32

@@ -231,7 +231,7 @@ def _read_cpu(element: ET.Element, position: int, problems: list[str]) -> _Cpu:
         cpus = cpulist_from_mask(mask) if mask else ""
     except ValueError:
         cpus = ""
-        problems.append(f"<cpu> #{position}: affinity {mask!r} is not a hex CPU mask")
+        problems.append(f"<cpu> #{position}: affinity {mask[:40]!r} is not a hex CPU mask")
     # NCCL's -1: the devices below have no NUMA affinity (a VM, say); a fact, not a node id.
     return _Cpu(numa_id=numa_id if numa_id >= 0 else None, cpus=cpus)
 

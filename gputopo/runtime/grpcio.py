@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import grpc
 
 from gputopo.runtime.backoff import Backoff
+from gputopo.runtime.grpc_decode import UndecodableRequests
 
 __all__ = ["MAX_MESSAGE_BYTES", "bind", "channel", "server"]
 
@@ -55,6 +56,7 @@ def channel(
 def server(*, options: Sequence[_Option] = ()) -> grpc.aio.Server:
     """A server with the limits above; add servicers, then `bind` it and start it."""
     return grpc.aio.server(
+        interceptors=[UndecodableRequests()],  # bad request bytes: INVALID_ARGUMENT, no traceback
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.keepalive_permit_without_calls", 1),
@@ -65,7 +67,7 @@ def server(*, options: Sequence[_Option] = ()) -> grpc.aio.Server:
             # and the kernel would split clients between two states. One owner per port.
             ("grpc.so_reuseport", 0),
             *options,
-        ]
+        ],
     )
 
 

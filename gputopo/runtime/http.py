@@ -19,6 +19,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from gputopo.runtime.http_errors import client_errors
+
 __all__ = ["HttpServer", "Probe", "ProbeResult"]
 
 
@@ -57,7 +59,7 @@ class HttpServer:
 
     def app(self) -> web.Application:
         """The aiohttp application."""
-        app = web.Application()
+        app = web.Application(middlewares=[client_errors])  # 400, never 500, on bad bodies
         app.router.add_get("/metrics", make_aiohttp_handler(self.registry))
         app.router.add_get("/healthz", self._answer(self._healthz))
         app.router.add_get("/readyz", self._answer(self._readyz))

@@ -46,23 +46,35 @@ def run(args: argparse.Namespace) -> int:
         inventory_labels,
         inventory_topologies,
         parse_inventory,
+        read_text,
     )
     from gputopo.placement import POLICIES, UnknownPolicyError, place
     from gputopo.placement.report import result_to_dict, result_to_text
     from gputopo.request import RequestError, request_from_mapping
 
     try:
-        with open(args.cluster, encoding="utf-8") as fh:
-            inventory = parse_inventory(fh.read(), source=args.cluster)
-        topologies, used = inventory_topologies(inventory)
-    except (OSError, InventoryError) as err:
-        print(f"gputopo place: {args.cluster}: {err}", file=sys.stderr)
+        text = read_text(args.cluster)
+    except (OSError, InventoryError) as err:  # the error names the file already
+        print(f"gputopo place: {err}", file=sys.stderr)
         return 2
     try:
-        with open(args.request, encoding="utf-8") as fh:
-            request = request_from_mapping(yaml.safe_load(fh))
+        inventory = parse_inventory(text, source=args.cluster)
+        topologies, used = inventory_topologies(inventory)
+    except (OSError, InventoryError) as err:
+        why = _one_line(err)
+        where = "" if why.startswith(args.cluster) else f"{args.cluster}: "
+        print(f"gputopo place: {where}{why}", file=sys.stderr)
+        return 2
+    try:
+        request = request_from_mapping(yaml.safe_load(read_text(args.request)))
+    except InventoryError as err:  # read_text's: not UTF-8 text
+        print(f"gputopo place: {err}", file=sys.stderr)
+        return 2
+    except RecursionError:
+        print(f"gputopo place: {args.request}: nested too deeply to be a request", file=sys.stderr)
+        return 2
     except (OSError, yaml.YAMLError, RequestError) as err:
-        print(f"gputopo place: {args.request}: {err}", file=sys.stderr)
+        print(f"gputopo place: {args.request}: {_one_line(err)}", file=sys.stderr)
         return 2
     labels = inventory_labels(inventory, topologies)
     snapshot = ClusterSnapshot(
@@ -95,3 +107,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"\n{name} would choose:")
             print(result_to_text(other))
     return 0 if result.placed else 1
+
+
+def _one_line(err: BaseException) -> str:
+    """An error as one line (a YAML error spans several), cut to a readable length."""
+    text = " ".join(str(err).split())
+    return text if len(text) <= 300 else text[:300] + "..."
