@@ -75,8 +75,13 @@ def add_tls_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def tls_from_args(args: argparse.Namespace, *, component: str) -> TlsFiles | None:
-    """The TLS files the flags name, or None for an explicit `--insecure`.
+def tls_from_args(
+    args: argparse.Namespace, *, component: str, require_choice: bool = True
+) -> TlsFiles | None:
+    """The TLS files the flags name, or None for plain text (`--insecure`).
+
+    `require_choice=False` lets a command still start in plain text without any TLS flag (with
+    the same WARNING) while its callers learn to say `--insecure`; the manifests never rely on it.
 
     Raises TlsUsageError (one line, naming the flag) when the flags are incomplete, contradict
     each other, or name a file that cannot be read.
@@ -87,9 +92,9 @@ def tls_from_args(args: argparse.Namespace, *, component: str) -> TlsFiles | Non
         "--tls-ca": args.tls_ca,
     }
     present = [name for name, value in given.items() if value is not None]
-    if args.insecure:
-        if present:
-            raise TlsUsageError(f"--insecure contradicts {present[0]}: choose one")
+    if args.insecure and present:
+        raise TlsUsageError(f"--insecure contradicts {present[0]}: choose one")
+    if args.insecure or (not present and not require_choice):
         log.warning(
             "%s runs WITHOUT transport security (--insecure): any process that reaches its "
             "ports can report and place",

@@ -8,84 +8,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import ssl
 from pathlib import Path
 
 import aiohttp
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from prometheus_client import CollectorRegistry
 
 from gputopo.runtime import grpcio
 from gputopo.runtime.http import HttpServer
 from gputopo.runtime.tls import (
-    TlsFiles,
     TlsUsageError,
     add_tls_flags,
     ssl_client_context,
     ssl_server_context,
     tls_from_args,
 )
-
-_KEY = serialization.PrivateFormat.PKCS8
-_PEM = serialization.Encoding.PEM
-
-
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-class _CA:
-    def __init__(self, cn: str) -> None:
-        self.key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(_name(cn))
-            .issuer_name(_name(cn))
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(self.key, hashes.SHA256())
-        )
-
-    def issue(self, directory: Path, cn: str) -> TlsFiles:
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(_name(cn))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(
-                x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.DNSName(cn)]),
-                critical=False,
-            )
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
-            .sign(self.key, hashes.SHA256())
-        )
-        directory.mkdir(parents=True, exist_ok=True)
-        files = TlsFiles(directory / "tls.crt", directory / "tls.key", directory / "ca.crt")
-        files.cert.write_bytes(cert.public_bytes(_PEM))
-        files.key.write_bytes(key.private_bytes(_PEM, _KEY, serialization.NoEncryption()))
-        files.ca.write_bytes(self.cert.public_bytes(_PEM))
-        return files
-
+from tests.harness.certs import TestCA
 
 _METHOD = "/gputopo.test.Echo/Echo"
 
@@ -114,10 +54,10 @@ def test_grpc_mutual_tls_refuses_plain_text_and_strangers(tmp_path: Path) -> Non
 
 
 async def _grpc_mutual_tls_refuses_plain_text_and_strangers(tmp_path: Path) -> None:
-    ca = _CA("gputopo-ca")
+    ca = TestCA("gputopo-ca")
     server_files = ca.issue(tmp_path / "server", "gputopo-aggregator.gputopo-system.svc")
     client_files = ca.issue(tmp_path / "client", "exporter")
-    stranger = _CA("other-ca").issue(tmp_path / "stranger", "exporter")
+    stranger = TestCA("other-ca").issue(tmp_path / "stranger", "exporter")
     srv = _echo_server()
     port = grpcio.bind(srv, "127.0.0.1", 0, tls=server_files)
     await srv.start()
@@ -148,7 +88,7 @@ def test_grpc_server_follows_rotated_files(tmp_path: Path) -> None:
 
 
 async def _grpc_server_follows_rotated_files(tmp_path: Path) -> None:
-    old_ca, new_ca = _CA("ca-1"), _CA("ca-2")
+    old_ca, new_ca = TestCA("ca-1"), TestCA("ca-2")
     server_files = old_ca.issue(tmp_path / "server", "aggregator")
     old_client = old_ca.issue(tmp_path / "old-client", "exporter")
     new_client = new_ca.issue(tmp_path / "new-client", "exporter")
@@ -177,7 +117,7 @@ def test_http_mutual_tls_refuses_plain_text_and_follows_rotation(tmp_path: Path)
 
 
 async def _http_mutual_tls_refuses_plain_text_and_follows_rotation(tmp_path: Path) -> None:
-    old_ca, new_ca = _CA("ca-1"), _CA("ca-2")
+    old_ca, new_ca = TestCA("ca-1"), TestCA("ca-2")
     server_files = old_ca.issue(tmp_path / "server", "aggregator")
     client = old_ca.issue(tmp_path / "client", "scheduler")
     new_client = new_ca.issue(tmp_path / "new-client", "scheduler")
@@ -231,6 +171,6 @@ def test_flags_demand_tls_or_an_explicit_insecure(
     with caplog.at_level("WARNING"):
         assert tls_from_args(_parse(["--insecure"]), component="aggregator") is None
     assert "WITHOUT transport security" in caplog.text
-    files = _CA("ca").issue(tmp_path / "x", "aggregator")
+    files = TestCA("ca").issue(tmp_path / "x", "aggregator")
     argv = ["--tls-cert", str(files.cert), "--tls-key", str(files.key), "--tls-ca", str(files.ca)]
     assert tls_from_args(_parse(argv), component="aggregator") == files
