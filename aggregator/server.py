@@ -99,6 +99,8 @@ class AggregatorConfig:
     kube: KubeOptions = field(default_factory=KubeOptions)
     # Mutual TLS on the gRPC and HTTP endpoints (`gputopo.runtime.tls`); None is plain text.
     tls: TlsFiles | None = None
+    # Refuse reports from streams whose certificate names no node (system:node:NAME).
+    require_node_identity: bool = False
 
 
 class Aggregator:
@@ -129,6 +131,7 @@ class Aggregator:
             heartbeat_interval_s=config.heartbeat_interval_s,
             probes=self.probes,
             wall_clock=clock,
+            require_node_identity=config.require_node_identity,
         )
         opts = config.kube
         self.promises = (

@@ -46,6 +46,44 @@ def _exporter(node: str, port: int, tls: TlsFiles | None) -> subprocess.Popen[by
     )
 
 
+def test_a_node_certificate_may_report_only_its_own_node(tmp_path: Path) -> None:
+    """The attack of issue 12: a valid certificate of node a100-01 reporting as a100-02."""
+    ca = TestCA("gputopo-ca")
+    server = ca.issue(tmp_path / "aggregator", "gputopo-aggregator.gputopo-system.svc")
+    own = ca.issue(tmp_path / "own", "system:node:a100-01")
+    anonymous = ca.issue(tmp_path / "anon", "exporter")
+
+    async def body() -> None:
+        agg = Aggregator(
+            AggregatorConfig(heartbeat_interval_s=0.2, tls=server, require_node_identity=True)
+        )
+        await agg.start()
+        procs = [
+            _exporter("a100-02", agg.grpc_port, own),
+            _exporter("a100-03", agg.grpc_port, anonymous),
+            _exporter("a100-01", agg.grpc_port, own),
+        ]
+        try:
+            for _ in range(600):
+                if agg.state.record("a100-01") is not None and agg.reporter.denied >= 2:
+                    break
+                await asyncio.sleep(0.1)
+            assert agg.state.record("a100-01") is not None
+            assert agg.reporter.denied >= 2
+            assert agg.state.record("a100-02") is None
+            assert agg.state.record("a100-03") is None
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait(timeout=30)
+                assert p.stderr is not None
+                p.stderr.close()
+            await agg.stop(grace_s=0.1)
+
+    run(body(), timeout_s=200)
+
+
 def test_exporter_and_aggregator_speak_mutual_tls_and_refuse_plain_text(tmp_path: Path) -> None:
     ca = TestCA("gputopo-ca")
     server = ca.issue(tmp_path / "aggregator", "gputopo-aggregator.gputopo-system.svc")
