@@ -161,6 +161,8 @@ class ReporterService(rgrpc.ReporterServicer):
                         )
                         if denial is not None:
                             self.denied += 1
+                            # gputopo_aggregator_reports_rejected_total{field="node_identity"}
+                            self.stats.rejected["node_identity"] += 1
                             log.warning("refused report: %s", denial)
                             await context.abort(grpc.StatusCode.PERMISSION_DENIED, denial)
                         claim = self._claim(msg.node_name, msg.incarnation)

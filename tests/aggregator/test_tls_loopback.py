@@ -70,6 +70,7 @@ def test_a_node_certificate_may_report_only_its_own_node(tmp_path: Path) -> None
                 await asyncio.sleep(0.1)
             assert agg.state.record("a100-01") is not None
             assert agg.reporter.denied >= 2
+            assert agg.reporter.stats.rejected["node_identity"] == agg.reporter.denied
             assert agg.state.record("a100-02") is None
             assert agg.state.record("a100-03") is None
         finally:
