@@ -15,6 +15,7 @@ Those three come from the boot every process shares (`gputopo.runtime.http`).
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -51,6 +52,7 @@ class HttpEndpoints:
         role: Callable[[], str],
         desired_labels: Callable[[str], dict[str, str] | None] | None = None,
         extra_routes: Callable[[web.Application], None] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.state = state
         self._extra_routes = extra_routes
@@ -59,7 +61,12 @@ class HttpEndpoints:
         self._ready = ready
         self._role = role
         self._desired = desired_labels
-        self._server = HttpServer(registry=registry, readyz=self._readyz, routes=self._add_routes)
+        self._server = HttpServer(
+            registry=registry,
+            readyz=self._readyz,
+            routes=self._add_routes,
+            ssl_context=ssl_context,
+        )
 
     @property
     def port(self) -> int:

@@ -48,6 +48,7 @@ from gputopo.codec import (
 )
 from gputopo.delta import NodeDelta
 from gputopo.gpu_use import GpuUse
+from gputopo.runtime.identity import node_of_peer, report_denial
 from gputopo.topology import DeviceKind, NodeTopology
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
@@ -121,8 +122,13 @@ class ReporterService(rgrpc.ReporterServicer):
         probes: ProbeCoordinator | None = None,
         stats: IngestStats | None = None,
         wall_clock: Callable[[], float] = time.time,
+        require_node_identity: bool = False,
     ) -> None:
         self._state = state
+        # Node identity (gputopo.runtime.identity): a certificate naming a node may report only
+        # that node; with `require_node_identity`, a stream without one may report nothing.
+        self._require_identity = require_node_identity
+        self.denied = 0
         self._heartbeat = Duration()
         self._heartbeat.FromNanoseconds(int(heartbeat_interval_s * 1e9))
         self._probes = probes
@@ -150,6 +156,15 @@ class ReporterService(rgrpc.ReporterServicer):
                 try:
                     self._check_envelope(msg, node)
                     if not node:
+                        denial = report_denial(
+                            node_of_peer(context), msg.node_name, require=self._require_identity
+                        )
+                        if denial is not None:
+                            self.denied += 1
+                            # gputopo_aggregator_reports_rejected_total{field="node_identity"}
+                            self.stats.rejected["node_identity"] += 1
+                            log.warning("refused report: %s", denial)
+                            await context.abort(grpc.StatusCode.PERMISSION_DENIED, denial)
                         claim = self._claim(msg.node_name, msg.incarnation)
                         if claim is None:
                             self.stats.refused += 1

@@ -50,6 +50,7 @@ from gputopo.reservations import Reservation
 from gputopo.runtime import grpcio
 from gputopo.runtime.kube import KubeClient, KubeError
 from gputopo.runtime.leader import LeaderElector, LeaseConfig
+from gputopo.runtime.tls import TlsFiles, ssl_server_context
 from gputopo.v1 import placement_pb2_grpc as pgrpc
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
@@ -96,6 +97,10 @@ class AggregatorConfig:
     probe_interval_s: float = 60.0
     probe_inference_interval_s: float = 10.0
     kube: KubeOptions = field(default_factory=KubeOptions)
+    # Mutual TLS on the gRPC and HTTP endpoints (`gputopo.runtime.tls`); None is plain text.
+    tls: TlsFiles | None = None
+    # Refuse reports from streams whose certificate names no node (system:node:NAME).
+    require_node_identity: bool = False
 
 
 class Aggregator:
@@ -126,6 +131,7 @@ class Aggregator:
             heartbeat_interval_s=config.heartbeat_interval_s,
             probes=self.probes,
             wall_clock=clock,
+            require_node_identity=config.require_node_identity,
         )
         opts = config.kube
         self.promises = (
@@ -194,6 +200,7 @@ class Aggregator:
             role=lambda: "leader" if self.leading else "follower",
             desired_labels=self._desired_labels,
             extra_routes=lambda app: add_placement_routes(app, self.placement),
+            ssl_context=ssl_server_context(config.tls) if config.tls else None,
         )
         self._grpc: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -242,7 +249,9 @@ class Aggregator:
         server = grpcio.server()
         rgrpc.add_ReporterServicer_to_server(self.reporter, server)
         pgrpc.add_PlacementServicer_to_server(self.placement, server)
-        self.grpc_port = grpcio.bind(server, self.config.grpc_host, self.config.grpc_port)
+        self.grpc_port = grpcio.bind(
+            server, self.config.grpc_host, self.config.grpc_port, tls=self.config.tls
+        )
         await server.start()
         self._grpc = server
         if self.config.http_port is not None:

@@ -55,6 +55,7 @@ from gputopo import __version__
 from gputopo.gpu_use import GpuUse
 from gputopo.runtime.backoff import Backoff
 from gputopo.runtime.http import HttpServer, ProbeResult
+from gputopo.runtime.tls import TlsFiles, ssl_server_context
 from gputopo.topology import NodeTopology, NvmlStatus
 
 __all__ = ["Agent", "AgentConfig"]
@@ -89,6 +90,8 @@ class AgentConfig:
     backoff: Backoff = field(default_factory=Backoff)
     gpu_probes: bool = True
     peer_probes: bool = True
+    # Mutual TLS to the aggregator and on /metrics (`gputopo.runtime.tls`); None is plain text.
+    tls: TlsFiles | None = None
     probe_schedule: ProbeSchedule = field(default_factory=ProbeSchedule)
     health: HealthPolicy = field(default_factory=HealthPolicy)
     # The kubelet's pod-resources socket; None: do not ask the kubelet what is held.
@@ -202,7 +205,9 @@ class Agent:
         if self.pod_resources is not None:
             self._spawn(self._gpu_use_loop(), "pod-resources")
         if self.config.aggregator:
-            self._channel = report_channel(self.config.aggregator, self.config.backoff)
+            self._channel = report_channel(
+                self.config.aggregator, self.config.backoff, tls=self.config.tls
+            )
             self.stream = ReportStream(
                 node_name=self.config.node_name,
                 source=lambda: self.topology,
@@ -356,7 +361,12 @@ class Agent:
     # --- HTTP -------------------------------------------------------------------------------
 
     async def _start_http(self) -> None:
-        self._http = HttpServer(registry=self.registry, healthz=self._healthz, readyz=self._readyz)
+        self._http = HttpServer(
+            registry=self.registry,
+            healthz=self._healthz,
+            readyz=self._readyz,
+            ssl_context=ssl_server_context(self.config.tls) if self.config.tls else None,
+        )
         self.http_port = await self._http.start(self.config.http_host, self.config.http_port)
 
     def _stalled_s(self) -> float:

@@ -39,6 +39,7 @@ from gputopo.delta import NodeDelta, diff_topology
 from gputopo.gpu_use import GpuUse
 from gputopo.runtime import grpcio
 from gputopo.runtime.backoff import Backoff
+from gputopo.runtime.tls import TlsFiles
 from gputopo.topology import Measurement, NodeTopology
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
@@ -50,10 +51,12 @@ log = logging.getLogger(__name__)
 _DEFAULT_BACKOFF = Backoff()
 
 
-def report_channel(target: str, backoff: Backoff) -> grpc.aio.Channel:
+def report_channel(
+    target: str, backoff: Backoff, *, tls: TlsFiles | None = None
+) -> grpc.aio.Channel:
     """A channel to the aggregator whose own reconnects keep pace with the stream's backoff
-    (`gputopo.runtime.grpcio.channel` says why)."""
-    return grpcio.channel(target, backoff=backoff)
+    (`gputopo.runtime.grpcio.channel` says why); mutual TLS with `tls`."""
+    return grpcio.channel(target, backoff=backoff, tls=tls)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """Every gRPC channel and server of gputopo is made here.
 
-One place decides transport security and message sizes: mutual TLS, when it comes, changes
-these two functions and nothing else. Today both are plaintext, as every caller was before.
+One place decides transport security and message sizes: with `tls` (see `gputopo.runtime.tls`)
+channels present a client certificate and servers require one (mutual TLS, reloaded when the
+files rotate); `tls=None` is plain text, which callers choose only from an explicit `--insecure`.
 
 Channels: keepalive pings find a peer that vanished without closing its connections (its node
 died). A caller that retries with its own backoff passes it, and the channel's reconnect
@@ -22,6 +23,7 @@ import grpc
 
 from gputopo.runtime.backoff import Backoff
 from gputopo.runtime.grpc_decode import UndecodableRequests
+from gputopo.runtime.tls import TlsFiles, channel_credentials, server_credentials
 
 __all__ = ["MAX_MESSAGE_BYTES", "bind", "channel", "server"]
 
@@ -36,8 +38,13 @@ def channel(
     *,
     backoff: Backoff | None = None,
     options: Sequence[_Option] = (),
+    tls: TlsFiles | None = None,
 ) -> grpc.aio.Channel:
-    """A client channel to `target` (host:port); `options` are added to the defaults."""
+    """A client channel to `target` (host:port); `options` are added to the defaults.
+
+    With `tls`, the channel is mutual TLS; the server's certificate must name the host of
+    `target` (or override it with ("grpc.ssl_target_name_override", name) in `options`).
+    """
     opts: list[_Option] = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", 30_000),
@@ -50,6 +57,8 @@ def channel(
             ("grpc.min_reconnect_backoff_ms", base_ms),
             ("grpc.max_reconnect_backoff_ms", max(int(backoff.cap_s * 1000), 100)),
         ]
+    if tls is not None:
+        return grpc.aio.secure_channel(target, channel_credentials(tls), options=[*opts, *options])
     return grpc.aio.insecure_channel(target, options=[*opts, *options])
 
 
@@ -71,14 +80,20 @@ def server(*, options: Sequence[_Option] = ()) -> grpc.aio.Server:
     )
 
 
-def bind(srv: grpc.aio.Server, host: str, port: int) -> int:
+def bind(srv: grpc.aio.Server, host: str, port: int, *, tls: TlsFiles | None = None) -> int:
     """Listen on host:port (port 0 picks a free one); returns the bound port.
+
+    With `tls`, every client must present a certificate signed by the CA (plain-text
+    clients fail their handshake and never reach a servicer).
 
     Raises OSError when nothing could be bound (gRPC itself only answers 0).
     """
     address = f"{host}:{port}"
     try:
-        bound = srv.add_insecure_port(address)
+        if tls is not None:
+            bound = srv.add_secure_port(address, server_credentials(tls))
+        else:
+            bound = srv.add_insecure_port(address)
     except RuntimeError:  # newer grpcio raises where older ones answered 0
         bound = 0
     if bound == 0:

@@ -6,11 +6,14 @@ process's one event loop).
 - `/healthz`: the process runs and is not wedged; `/readyz`: it can serve. Each answers with the
   JSON body of the probe function the process passes in, 200 when the probe says ok, else 503;
 - anything else a process serves is added by `routes`.
+
+With `tls` (`gputopo.runtime.tls.ssl_server_context`) the socket speaks only mutual TLS.
 """
 
 from __future__ import annotations
 
 import socket
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,11 +52,13 @@ class HttpServer:
         healthz: Probe = _always_ok,
         readyz: Probe = _always_ok,
         routes: Callable[[web.Application], None] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.registry = registry
         self._healthz = healthz
         self._readyz = readyz
         self._routes = routes
+        self._ssl_context = ssl_context
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -81,7 +86,7 @@ class HttpServer:
         await runner.setup()
         # Bind the socket ourselves so port 0 works and the bound port is known.
         sock = socket.create_server((host, port))
-        await web.SockSite(runner, sock).start()
+        await web.SockSite(runner, sock, ssl_context=self._ssl_context).start()
         self._runner = runner
         self.port = sock.getsockname()[1]
         return self.port

@@ -213,3 +213,21 @@ def test_the_aggregator_works_as_its_service_account_and_is_refused_the_rest(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def test_the_network_policy_passes_the_api_servers_validation(
+    kube_apiserver: KubeApiServer, kube_scope: KubeScope
+) -> None:
+    """Kept out of the kustomization (its node CIDR is the operator's): valid once filled in."""
+    text = (DEPLOY / "optional" / "networkpolicy.yaml").read_text(encoding="utf-8")
+    assert "NODE_CIDR" in text
+    doc = yaml.safe_load(text.replace("NODE_CIDR", "10.0.0.0/16"))
+    assert doc["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": NAME}
+    path = (
+        f"/apis/networking.k8s.io/v1/namespaces/{kube_scope.namespace}/networkpolicies?dryRun=All"
+    )
+    with kube_apiserver.json_session() as session:
+        response = session.request("POST", path, body=doc)
+        assert response.ok, response.body
+        bad = yaml.safe_load(text.replace("NODE_CIDR", "not-a-cidr"))
+        assert not session.request("POST", path, body=bad).ok

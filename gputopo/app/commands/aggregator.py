@@ -75,6 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also serve the inventory's nodes from their machine profiles (a simulated cluster)",
     )
+    from gputopo.runtime.tls import add_tls_flags
+
+    add_tls_flags(parser)
     kube = parser.add_argument_group("Kubernetes (labels, scheduler objects, leader election)")
     kube.add_argument(
         "--kubeconfig",
@@ -197,7 +200,15 @@ def run(args: argparse.Namespace) -> int:
         pod_namespace=pod_namespace,
         reservations_namespace=args.reservations_namespace,
     )
+    from gputopo.runtime.tls import TlsUsageError, tls_from_args
+
+    try:
+        tls = tls_from_args(args, component="aggregator", require_choice=False)
+    except TlsUsageError as err:
+        print(f"gputopo aggregator: {err}", file=sys.stderr)
+        return 2
     config = AggregatorConfig(
+        tls=tls,
         grpc_host=args.host,
         grpc_port=args.grpc_port,
         http_host=args.host,

@@ -11,6 +11,8 @@ HELP = "run the node exporter: discover and probe this node's GPU topology, serv
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of the command; the environment supplies defaults in a DaemonSet."""
+    from gputopo.runtime.tls import add_tls_flags
+
     env = os.environ.get
     parser.add_argument(
         "--aggregator",
@@ -63,6 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="answer from a fake machine instead of NVML and /sys (see `gputopo machines`)",
     )
 
+    add_tls_flags(parser)
+
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; shut down gracefully."""
@@ -77,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from exporter.agent import Agent, AgentConfig
     from exporter.nvml import Nvml
     from exporter.probes.runner import ProbeSchedule
+    from gputopo.runtime.tls import TlsUsageError, tls_from_args
 
     root = logging.getLogger()
     root.setLevel(min(root.level, logging.INFO))
@@ -102,7 +107,13 @@ def run(args: argparse.Namespace) -> int:
             nvml = Nvml(FakeNvml(fake).library)
             sysfs_root = write_sysfs(fake, Path(stack.enter_context(tempfile.TemporaryDirectory())))
             machine = fake.topology.machine
+        try:
+            tls = tls_from_args(args, component="exporter", require_choice=False)
+        except TlsUsageError as err:
+            print(f"gputopo exporter: {err}", file=sys.stderr)
+            return 2
         config = AgentConfig(
+            tls=tls,
             node_name=node_name,
             aggregator=args.aggregator,
             http_host=args.http_host,

@@ -1,0 +1,210 @@
+"""Transport security of every long-running gputopo process: mutual TLS from files.
+
+The files are what a Secret or cert-manager mounts (`tls.crt`, `tls.key`, `ca.crt`). Both sides
+present a certificate and check the peer's against the same CA, so a pod on the network that
+holds no certificate signed by it can neither report nor place. cert-manager rotates the files
+in place; servers re-read them when their modification times change (checked at each new
+handshake, never per message), so a rotation needs no restart. Plain text is only ever chosen
+explicitly with `--insecure`, and said in a WARNING, because a silent fallback is exactly the
+open door this module exists to close.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import ssl
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import grpc
+
+__all__ = [
+    "TlsFiles",
+    "TlsUsageError",
+    "add_tls_flags",
+    "channel_credentials",
+    "server_credentials",
+    "ssl_client_context",
+    "ssl_server_context",
+    "tls_from_args",
+]
+
+log = logging.getLogger(__name__)
+
+
+class TlsUsageError(ValueError):
+    """The TLS flags given cannot be used; the message is one line naming the flag."""
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """Paths of this process's certificate, its key and the CA both sides trust."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+    def stamp(self) -> tuple[int, ...]:
+        """Modification times and sizes: they change whenever a file is rotated."""
+        out: list[int] = []
+        for p in (self.cert, self.key, self.ca):
+            st = os.stat(p)
+            out += [st.st_mtime_ns, st.st_size]
+        return tuple(out)
+
+    def read(self) -> tuple[bytes, bytes, bytes]:
+        """(cert, key, ca) as PEM bytes."""
+        return self.cert.read_bytes(), self.key.read_bytes(), self.ca.read_bytes()
+
+
+def add_tls_flags(parser: argparse.ArgumentParser) -> None:
+    """The same four flags on exporter, aggregator and scheduler (one spelling everywhere)."""
+    group = parser.add_argument_group("transport security")
+    group.add_argument("--tls-cert", type=Path, help="PEM certificate of this process")
+    group.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    group.add_argument("--tls-ca", type=Path, help="PEM CA that signs every peer's certificate")
+    group.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plain text, no peer authentication (a WARNING is logged); required without TLS files",
+    )
+
+
+def tls_from_args(
+    args: argparse.Namespace, *, component: str, require_choice: bool = True
+) -> TlsFiles | None:
+    """The TLS files the flags name, or None for plain text (`--insecure`).
+
+    `require_choice=False` lets a command still start in plain text without any TLS flag (with
+    the same WARNING) while its callers learn to say `--insecure`; the manifests never rely on it.
+
+    Raises TlsUsageError (one line, naming the flag) when the flags are incomplete, contradict
+    each other, or name a file that cannot be read.
+    """
+    given = {
+        "--tls-cert": args.tls_cert,
+        "--tls-key": args.tls_key,
+        "--tls-ca": args.tls_ca,
+    }
+    present = [name for name, value in given.items() if value is not None]
+    if args.insecure and present:
+        raise TlsUsageError(f"--insecure contradicts {present[0]}: choose one")
+    if args.insecure or (not present and not require_choice):
+        log.warning(
+            "%s runs WITHOUT transport security (--insecure): any process that reaches its "
+            "ports can report and place",
+            component,
+        )
+        return None
+    if not present:
+        raise TlsUsageError(
+            "--tls-cert, --tls-key and --tls-ca are required (or --insecure for plain text)"
+        )
+    for name, value in given.items():
+        if value is None:
+            raise TlsUsageError(f"{name} is required with {present[0]}")
+    for name, value in given.items():
+        try:
+            with open(value, "rb"):
+                pass
+        except OSError as exc:
+            raise TlsUsageError(f"{name} {value}: {exc.strerror or exc}") from None
+    return TlsFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
+
+
+def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
+    """gRPC server credentials that require a client certificate and follow file rotation.
+
+    gRPC asks the fetcher at each new handshake; it answers None (keep the current
+    configuration) unless the files changed. A rotation caught half-written fails to load and
+    keeps the previous configuration, so a reload can never take the server down.
+    """
+    lock = threading.Lock()
+    last = [files.stamp()]
+
+    def config() -> grpc.ServerCertificateConfiguration:
+        cert, key, ca = files.read()
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    def fetch() -> grpc.ServerCertificateConfiguration | None:
+        with lock:
+            try:
+                stamp = files.stamp()
+                if stamp == last[0]:
+                    return None
+                new = config()
+            except OSError as exc:
+                log.warning("TLS files unreadable, keeping the loaded ones: %s", exc)
+                return None
+            last[0] = stamp
+            log.info("TLS files changed; new handshakes use them (%s)", files.cert)
+            return new
+
+    # grpc's stubs say the fetcher returns a configuration; its docs and code accept None
+    # ("keep the current one"), which is what makes the per-handshake check cheap.
+    fetcher = cast("Callable[[], grpc.ServerCertificateConfiguration]", fetch)
+    return grpc.dynamic_ssl_server_credentials(
+        config(), fetcher, require_client_authentication=True
+    )
+
+
+def channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
+    """gRPC client credentials: present our certificate, trust only the CA's.
+
+    Read when the channel is made; a client's channel lives shorter than its certificate
+    (cert-manager renews at two thirds of the lifetime), and reconnects make a new one.
+    """
+    cert, key, ca = files.read()
+    return grpc.ssl_channel_credentials(
+        root_certificates=ca, private_key=key, certificate_chain=cert
+    )
+
+
+def _context(files: TlsFiles, purpose: ssl.Purpose) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(purpose, cafile=str(files.ca))
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(str(files.cert), str(files.key))
+    if purpose is ssl.Purpose.CLIENT_AUTH:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def ssl_server_context(files: TlsFiles) -> ssl.SSLContext:
+    """An SSLContext for aiohttp that requires client certificates and follows rotation.
+
+    The SNI callback runs at every handshake: when the files changed, a fresh context is
+    loaded and swapped onto the connection being accepted (and kept for later ones).
+    """
+    lock = threading.Lock()
+    state = {"stamp": files.stamp(), "ctx": _context(files, ssl.Purpose.CLIENT_AUTH)}
+    outer: ssl.SSLContext = state["ctx"]  # type: ignore[assignment]
+
+    def on_hello(
+        sock: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _ctx: ssl.SSLContext
+    ) -> None:
+        with lock:
+            try:
+                stamp = files.stamp()
+                if stamp != state["stamp"]:
+                    fresh = _context(files, ssl.Purpose.CLIENT_AUTH)
+                    fresh.sni_callback = on_hello
+                    state["ctx"], state["stamp"] = fresh, stamp
+                    log.info("TLS files changed; new HTTPS handshakes use them (%s)", files.cert)
+            except (OSError, ssl.SSLError) as exc:
+                log.warning("TLS files unreadable, keeping the loaded ones: %s", exc)
+            current: ssl.SSLContext = state["ctx"]  # type: ignore[assignment]
+        if current is not sock.context:
+            sock.context = current
+
+    outer.sni_callback = on_hello
+    return outer
+
+
+def ssl_client_context(files: TlsFiles) -> ssl.SSLContext:
+    """An SSLContext for HTTPS clients (aiohttp, the extender's caller): mutual TLS."""
+    return _context(files, ssl.Purpose.SERVER_AUTH)
