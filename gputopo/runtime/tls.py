@@ -32,6 +32,7 @@ __all__ = [
     "ssl_client_context",
     "ssl_server_context",
     "tls_from_args",
+    "warn_plaintext",
 ]
 
 log = logging.getLogger(__name__)
@@ -75,13 +76,29 @@ def add_tls_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def warn_plaintext(component: str) -> None:
+    """The one WARNING a plain-text process logs, so an operator sees it in the first lines."""
+    log.warning(
+        "%s runs WITHOUT transport security (--insecure): any process that reaches its "
+        "ports can report and place",
+        component,
+    )
+
+
 def tls_from_args(
-    args: argparse.Namespace, *, component: str, require_choice: bool = True
+    args: argparse.Namespace,
+    *,
+    component: str,
+    require_choice: bool = True,
+    warn: bool = True,
 ) -> TlsFiles | None:
     """The TLS files the flags name, or None for plain text (`--insecure`).
 
     `require_choice=False` lets a command still start in plain text without any TLS flag (with
     the same WARNING) while its callers learn to say `--insecure`; the manifests never rely on it.
+
+    `warn=False` leaves the plain-text WARNING to the caller (`warn_plaintext`), for a command that
+    checks the rest of its input first: a bad input file is then its only line.
 
     Raises TlsUsageError (one line, naming the flag) when the flags are incomplete, contradict
     each other, or name a file that cannot be read.
@@ -95,11 +112,8 @@ def tls_from_args(
     if args.insecure and present:
         raise TlsUsageError(f"--insecure contradicts {present[0]}: choose one")
     if args.insecure or (not present and not require_choice):
-        log.warning(
-            "%s runs WITHOUT transport security (--insecure): any process that reaches its "
-            "ports can report and place",
-            component,
-        )
+        if warn:
+            warn_plaintext(component)
         return None
     if not present:
         raise TlsUsageError(

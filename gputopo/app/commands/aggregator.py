@@ -200,10 +200,10 @@ def run(args: argparse.Namespace) -> int:
         pod_namespace=pod_namespace,
         reservations_namespace=args.reservations_namespace,
     )
-    from gputopo.runtime.tls import TlsUsageError, tls_from_args
+    from gputopo.runtime.tls import TlsUsageError, tls_from_args, warn_plaintext
 
     try:
-        tls = tls_from_args(args, component="aggregator", require_choice=False)
+        tls = tls_from_args(args, component="aggregator", require_choice=False, warn=False)
     except TlsUsageError as err:
         print(f"gputopo aggregator: {err}", file=sys.stderr)
         return 2
@@ -232,7 +232,9 @@ def run(args: argparse.Namespace) -> int:
 
     async def serve() -> None:
         agg = Aggregator(config, kube=kube, out=sys.stdout)
-        await agg.start()
+        await agg.start()  # reads the inventory: a bad file is the one line an operator sees
+        if tls is None:
+            warn_plaintext("aggregator")
         http = f", HTTP {config.http_host}:{agg.http_port}" if config.http_port is not None else ""
         print(f"aggregator: gRPC {agg.grpc_target}{http}", file=sys.stderr, flush=True)
         stop = asyncio.Event()
