@@ -20,6 +20,7 @@ from gputopo.runtime.http import HttpServer, ProbeResult
 from gputopo.runtime.kube import KubeClient
 from gputopo.runtime.leader import LeaderElector, LeaseConfig
 from gputopo.runtime.placement_client import PlacementClient
+from gputopo.runtime.tls import TlsFiles, ssl_server_context
 from scheduler.binder import Binder, BinderConfig
 from scheduler.metrics import SchedulerCollector, SchedulerStats
 
@@ -38,6 +39,7 @@ class SchedulerProcessConfig:
     identity: str = "scheduler"
     http_host: str = "0.0.0.0"
     http_port: int | None = None
+    tls: TlsFiles | None = None  # mutual TLS to the aggregator and on /metrics; None: plain text
 
 
 class SchedulerProcess:
@@ -57,10 +59,14 @@ class SchedulerProcess:
         """Serve until cancelled."""
         cfg = self.config
         if cfg.http_port is not None:
-            self.http = HttpServer(registry=self.registry, readyz=self._ready)
+            self.http = HttpServer(
+                registry=self.registry,
+                readyz=self._ready,
+                ssl_context=ssl_server_context(cfg.tls) if cfg.tls is not None else None,
+            )
             port = await self.http.start(cfg.http_host, cfg.http_port)
             log.info("metrics and probes on %s:%d", cfg.http_host, port)
-        async with grpcio.channel(cfg.aggregator) as channel:
+        async with grpcio.channel(cfg.aggregator, tls=cfg.tls) as channel:
             placement = PlacementClient(channel)
 
             async def started() -> None:

@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--http-host", default="0.0.0.0", help="address for /metrics, /healthz")
     parser.add_argument("--http-port", type=int, default=9404, help="0 for any free port")
+    from gputopo.runtime.tls import add_tls_flags
+
+    add_tls_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,6 +89,13 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    from gputopo.runtime.tls import TlsUsageError, tls_from_args
+
+    try:
+        tls = tls_from_args(args, component="scheduler", require_choice=False)
+    except TlsUsageError as err:
+        print(f"gputopo scheduler: {err}", file=sys.stderr)
+        return 2
     identity = args.identity or socket.gethostname()
     config = SchedulerProcessConfig(
         aggregator=args.aggregator,
@@ -101,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         identity=identity,
         http_host=args.http_host,
         http_port=args.http_port,
+        tls=tls,
     )
 
     async def main() -> None:
