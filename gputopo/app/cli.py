@@ -14,12 +14,21 @@ import os
 import pkgutil
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
 
 from gputopo.app import commands
 
 __all__ = ["main"]
 
 Handler = Callable[[argparse.Namespace], int]
+
+
+def _version() -> str:
+    """The installed distribution's version: one source of truth, `pyproject.toml`."""
+    try:
+        return version("gputopo")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)"
     )
+    parser.add_argument("--version", action="version", version=f"gputopo {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
