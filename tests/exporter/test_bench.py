@@ -11,7 +11,10 @@ from gputopo.app.cli import main
 
 def test_bench_exporter_prints_every_figure_as_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "exporter", "--json", "--samples", "3", "--idle-seconds", "1"]) == 0
-    figures = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    figures = json.loads(captured.out)  # stdout holds the figures alone: progress is on stderr
+    assert "bench exporter: 0/2 discovery on the fake machine, 3 passes" in captured.err
+    assert "bench exporter: done in" in captured.err
     for name in ("discovery_seconds", "rss_mib", "cpu_percent"):
         assert figures[name] > 0 or name == "cpu_percent"
         assert name in figures["meets_targets"]

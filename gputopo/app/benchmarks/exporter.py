@@ -65,22 +65,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Measure and print."""
-    if args.real:
-        real = measure_real_discovery(samples=args.samples)
-        if isinstance(real, str):
-            print(f"gputopo bench exporter --real: {real}", file=sys.stderr)
-            return 1
-        fake = measure_discovery(samples=args.samples)
-        figures = real | {
-            "fake_machine": fake["machine"],
-            "fake_discovery_seconds": fake["discovery_seconds"],
-            "real_vs_fake_ratio": round(
-                float(str(real["discovery_seconds"])) / float(str(fake["discovery_seconds"])), 2
-            ),
-        }
-    else:
-        figures = measure_discovery(samples=args.samples)
-    figures |= asyncio.run(_measure_idle(args.idle_seconds))
+    from gputopo.app.progress import Progress
+
+    with Progress("bench exporter", 3 if args.real else 2) as progress:
+        if args.real:
+            progress.advance(0, f"discovery on this machine's GPUs, {args.samples} passes")
+            real = measure_real_discovery(samples=args.samples)
+            if isinstance(real, str):
+                print(f"gputopo bench exporter --real: {real}", file=sys.stderr)
+                return 1
+            progress.advance(1, f"discovery on the fake machine, {args.samples} passes")
+            fake = measure_discovery(samples=args.samples)
+            figures = real | {
+                "fake_machine": fake["machine"],
+                "fake_discovery_seconds": fake["discovery_seconds"],
+                "real_vs_fake_ratio": round(
+                    float(str(real["discovery_seconds"])) / float(str(fake["discovery_seconds"])),
+                    2,
+                ),
+            }
+        else:
+            progress.advance(0, f"discovery on the fake machine, {args.samples} passes")
+            figures = measure_discovery(samples=args.samples)
+        progress.advance(1, f"an idle agent beside a bare Python, {args.idle_seconds} s")
+        figures |= asyncio.run(_measure_idle(args.idle_seconds))
+        progress.advance(1)
     figures["targets"] = TARGETS
     figures["meets_targets"] = {
         name: float(str(figures[name])) <= limit for name, limit in TARGETS.items()

@@ -472,9 +472,22 @@ def run(args: argparse.Namespace) -> int:
     if args.nodes < 1 or args.workers < 1 or args.duration <= 0 or args.delta_interval <= 0:
         print("gputopo bench ingest: nodes, workers, duration and interval must be positive")
         return 2
-    main = _run_load("aggregator", args)
-    baseline = None if args.no_baseline else _run_load("ack-only", args)
-    memory = _memory_figure(args.memory_nodes, args.profile) if args.memory_nodes else None
+    from gputopo.app.progress import Progress
+
+    phases = 1 + (not args.no_baseline) + bool(args.memory_nodes)
+    with Progress("bench ingest", phases) as progress:
+        window = f"{args.nodes} nodes for {args.duration} s"
+        progress.advance(0, f"the aggregator under {window}")
+        main = _run_load("aggregator", args)
+        baseline = None
+        if not args.no_baseline:
+            progress.advance(1, f"the ack-only baseline under {window}")
+            baseline = _run_load("ack-only", args)
+        memory = None
+        if args.memory_nodes:
+            progress.advance(1, f"memory of {args.memory_nodes} nodes")
+            memory = _memory_figure(args.memory_nodes, args.profile)
+        progress.advance(1)
     figures: dict[str, Any] = {
         "benchmark": "ingest",
         "nodes": args.nodes,

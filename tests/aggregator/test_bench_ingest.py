@@ -1,0 +1,41 @@
+"""`gputopo bench ingest` runs end to end at a tiny size, with its figures alone on stdout and
+its progress on stderr (the figures themselves are the benchmark's, not judged here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_ingest_prints_json_on_stdout_and_progress_on_stderr() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gputopo",
+            "bench",
+            "ingest",
+            "--nodes=20",
+            "--workers=1",
+            "--delta-interval=1",
+            "--duration=2",
+            "--memory-nodes=0",
+            "--no-baseline",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(out.stdout)
+    assert figures["nodes"] == 20
+    assert figures["errors"] == 0
+    assert "bench ingest: 0/1 the aggregator under 20 nodes for 2.0 s" in out.stderr
+    assert "bench ingest: done in" in out.stderr
