@@ -1,12 +1,12 @@
 """Scheduler objects from the cluster graph: Kueue and KAI `Topology`, Volcano `HyperNode`s and a
 Slurm `topology.conf`, all from the same fabric positions and the same label keys.
 
-- Kueue (`kueue.x-k8s.io/v1beta1`) and KAI (`kai.scheduler/v1alpha1`) `Topology`: `levels` of
-  node label keys, outermost first, hostname last. `gputopo-fabric` uses the fixed-depth
-  aliases (`<prefix>core`, `spine`, `leaf`) the label publisher writes on every node with a
-  fabric position, cut to the depth the cluster has; `gputopo-nvlink` uses the accelerator
-  domain (and sub-domain when every domain node has one), under the spine alias when every
-  NVLink domain sits inside one spine.
+- Kueue (`kueue.x-k8s.io/v1beta2`; v1beta1 is deprecated) and KAI (`kai.scheduler/v1alpha1`)
+  `Topology`: `levels` of node label keys, outermost first, hostname last. `gputopo-fabric`
+  uses the fixed-depth aliases (`<prefix>core`, `spine`, `leaf`) the label publisher writes on
+  every node with a fabric position, cut to the depth the cluster has; `gputopo-nvlink` uses
+  the accelerator domain (and sub-domain when every domain node has one), under the spine
+  alias when every NVLink domain sits inside one spine.
 - Volcano (`topology.volcano.sh/v1alpha1`) `HyperNode`s: tier 1 = leaf groups with their Nodes
   as members, tier k+1 = groups of tier-k HyperNodes. Names are derived from the cluster-wide
   unique tier values, so a leaf name reused under two spines makes two HyperNodes.
@@ -33,6 +33,7 @@ from gputopo.inventory import compact_hostlist
 from gputopo.topology import FabricPosition
 
 __all__ = [
+    "HOSTNAME",
     "KAI_TOPOLOGY",
     "KUEUE_TOPOLOGY",
     "MANAGED_BY",
@@ -67,7 +68,9 @@ class ObjectKind:
     kind: str
 
 
-KUEUE_TOPOLOGY = ObjectKind("kueue.x-k8s.io/v1beta1", "topologies", "Topology")
+# v1beta2: the stored version, whose levels may change in place while the hostname level stays
+# lowest (kueue config/components/crd/bases/kueue.x-k8s.io_topologies.yaml).
+KUEUE_TOPOLOGY = ObjectKind("kueue.x-k8s.io/v1beta2", "topologies", "Topology")
 KAI_TOPOLOGY = ObjectKind("kai.scheduler/v1alpha1", "topologies", "Topology")
 VOLCANO_HYPERNODE = ObjectKind("topology.volcano.sh/v1alpha1", "hypernodes", "HyperNode")
 TIER_NAMES = ("leaf", "spine", "core")
@@ -134,7 +137,8 @@ def kai_topologies(nodes: Sequence[Placed], scheme: LabelScheme) -> list[dict[st
 def check_topology(obj: Mapping[str, Any], *, max_levels: int = 8) -> list[str]:
     """Problems that Kueue's or KAI's Topology schema would reject, one line each.
 
-    From their CRDs: 1..`max_levels` levels (Kueue v1beta1 allows 8, KAI 16), each a
+    From their CRDs: 1..`max_levels` levels (Kueue v1beta1 allows 8, v1beta2 and KAI 16; 8 is the
+    default, so an object fits either Kueue version), each a
     qualified label name of at most 316 characters; levels unique; the hostname label only
     at the lowest level; cluster-scoped with a DNS-subdomain name.
     """

@@ -3,9 +3,13 @@ cluster equal to what `aggregator.exports` derives from the current state. Leade
 
 It owns exactly the objects labelled `app.kubernetes.io/managed-by: gputopo` of each kind it
 was asked to write: missing ones are created, changed ones replaced, ones no longer derived
-deleted; nothing else is touched. A `Topology`'s levels are immutable for Kueue and KAI (a
-CEL rule the 1.20 test server cannot enforce but theirs do), so a changed Topology is deleted
-and created again rather than updated. A kind whose CRD is not installed is skipped with one
+deleted; nothing else is touched. Kueue's v1beta2 `Topology` may change its levels in place
+while `kubernetes.io/hostname` is the lowest level before and after (every Topology gputopo
+derives ends with it), so it is replaced in place: deleting it instead loops on
+`409 object is being deleted` behind Kueue's in-use finalizer while a ClusterQueue uses it.
+Where levels are immutable (KAI's, or a Topology without the hostname level) a changed
+Topology is deleted and created again. (These are CEL rules the 1.20 test server cannot enforce
+but real servers do.) A kind whose CRD is not installed is skipped with one
 warning, and retried at the next sync.
 """
 
@@ -18,6 +22,7 @@ from typing import Any
 
 from aggregator.changes import ChangeEvent, ChangeKind
 from aggregator.exports import (
+    HOSTNAME,
     KAI_TOPOLOGY,
     KUEUE_TOPOLOGY,
     MANAGED_BY,
@@ -134,17 +139,32 @@ class SchedulerObjectWriter:
                 await self.kube.create_object(kind.group_version, kind.plural, obj)
                 self.writes += 1
             elif have.get("spec") != obj["spec"]:
-                if kind.kind == "Topology":
+                if kind.kind == "Topology" and not _levels_mutable(kind, have, obj):
                     await self.kube.delete_object(kind.group_version, kind.plural, name)
                     await self.kube.create_object(kind.group_version, kind.plural, obj)
                 else:
-                    body = dict(obj)
-                    body["metadata"] = {
-                        **obj["metadata"],
-                        "resourceVersion": have["metadata"]["resourceVersion"],
-                    }
+                    # The object as the server has it, with only the spec (and gputopo's own
+                    # labels) changed: another controller's finalizers (Kueue's in-use one),
+                    # annotations and labels stay; resourceVersion makes a race a 409.
+                    meta = have["metadata"]
+                    labels = {**(meta.get("labels") or {}), **obj["metadata"]["labels"]}
+                    body = {**have, "spec": obj["spec"], "metadata": {**meta, "labels": labels}}
                     await self.kube.replace_object(kind.group_version, kind.plural, body)
                 self.writes += 1
         for name in sorted(set(existing) - set(wanted)):
             await self.kube.delete_object(kind.group_version, kind.plural, name)
             self.writes += 1
+
+
+def _lowest_is_hostname(obj: dict[str, Any]) -> bool:
+    levels = obj.get("spec", {}).get("levels") or []
+    return bool(levels) and levels[-1].get("nodeLabel") == HOSTNAME
+
+
+def _levels_mutable(kind: ObjectKind, have: dict[str, Any], want: dict[str, Any]) -> bool:
+    """Whether the server lets this Topology's levels change in place (Kueue v1beta2's rule)."""
+    return (
+        kind.group_version == "kueue.x-k8s.io/v1beta2"
+        and _lowest_is_hostname(have)
+        and _lowest_is_hostname(want)
+    )

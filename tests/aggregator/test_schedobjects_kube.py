@@ -28,6 +28,7 @@ from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
 
 CRD_FILES = ("kueue-topologies.yaml", "kai-topologies.yaml", "volcano-hypernodes.yaml")
+KUEUE_IN_USE = "kueue.x-k8s.io/resource-in-use"
 KINDS = {"kueue": KUEUE_TOPOLOGY, "kai": KAI_TOPOLOGY, "volcano": VOLCANO_HYPERNODE}
 
 
@@ -115,9 +116,18 @@ def test_the_writer_creates_updates_and_deletes_only_its_own_objects(
                     "gputopo.io/leaf",
                     "kubernetes.io/hostname",
                 ]
-                assert set(await _objects(client, KAI_TOPOLOGY)) == {"gputopo-fabric"}
-                # The fabric flattens to one tier: the Topology's levels change (delete and
-                # create, since they are immutable), HyperNodes above the leaves go away.
+                kai = await _objects(client, KAI_TOPOLOGY)
+                assert set(kai) == {"gputopo-fabric"}
+                # Kueue marks a Topology a ClusterQueue uses with its in-use finalizer; deleting
+                # it then only marks it (409 "being deleted" on every later create).
+                ours = kueue["gputopo-fabric"]
+                ours["metadata"]["finalizers"] = [KUEUE_IN_USE]
+                ours = await client.replace_object(
+                    KUEUE_TOPOLOGY.group_version, KUEUE_TOPOLOGY.plural, ours
+                )
+                # The fabric flattens to one tier: Kueue's v1beta2 levels change in place (the
+                # hostname level stays lowest), KAI's are immutable (delete and create), and
+                # HyperNodes above the leaves go away.
                 for t in topologies:
                     sim.update(replace(t, fabric=FabricPosition(tiers=(t.fabric.tiers[0],))))
 
@@ -131,6 +141,20 @@ def test_the_writer_creates_updates_and_deletes_only_its_own_objects(
                     "gputopo.io/leaf",
                     "kubernetes.io/hostname",
                 ]
+                after = kueue["gputopo-fabric"]["metadata"]
+                assert after["uid"] == ours["metadata"]["uid"], "updated in place, not recreated"
+                assert after["finalizers"] == [KUEUE_IN_USE], "Kueue's finalizer is kept"
+                assert "deletionTimestamp" not in after
+                kai_after = (await _objects(client, KAI_TOPOLOGY))["gputopo-fabric"]
+                assert kai_after["metadata"]["uid"] != kai["gputopo-fabric"]["metadata"]["uid"]
+                assert len(kai_after["spec"]["levels"]) == 2
+                # Let the scope's cleanup delete it, as Kueue would once no queue uses it.
+                after["finalizers"] = []
+                await client.replace_object(
+                    KUEUE_TOPOLOGY.group_version,
+                    KUEUE_TOPOLOGY.plural,
+                    {**kueue["gputopo-fabric"], "metadata": after},
+                )
                 assert kueue["someone-elses"]["spec"] == foreign["spec"], "not ours: untouched"
         client.close()
 
