@@ -52,6 +52,7 @@ from gputopo.codec import (
     delta_from_proto,
     gpu_use_from_proto,
     peer_probe_from_proto,
+    seconds,
     topology_from_proto,
 )
 from gputopo.delta import NodeDelta
@@ -250,6 +251,8 @@ class ReporterService(rgrpc.ReporterServicer):
             match = _HOST_PORT.match(msg.probe_address)
             if match is None or not 0 < int(match.group(2)) < 65536:
                 raise CodecError("probe_address", f"{msg.probe_address!r} is not host:port")
+        if msg.HasField("sent_at"):
+            seconds(msg.sent_at, "sent_at")  # read after applying: checked before
 
     def _apply(self, msg: rpb.ReportRequest, kind: str) -> ReportOutcome:
         seq = {"incarnation": msg.incarnation, "sequence": msg.sequence}
@@ -288,7 +291,7 @@ class ReporterService(rgrpc.ReporterServicer):
         if use is not None:
             self._state.set_kubelet_use(msg.node_name, use[0])
         if kind != "heartbeat" and msg.HasField("sent_at"):
-            self.stats.observe_freshness(self._wall() - msg.sent_at.ToNanoseconds() / 1e9)
+            self.stats.observe_freshness(self._wall() - seconds(msg.sent_at, "sent_at"))
         self._state.set_probe_address(msg.node_name, msg.probe_address)
         if self._probes is not None:
             self._probes.address(msg.node_name, msg.probe_address)

@@ -129,6 +129,20 @@ def _delta_link_to_nowhere() -> rpb.ReportRequest:
     return rpb.ReportRequest(node_name="n1", incarnation=100, sequence=2, delta=delta)
 
 
+def _sent_in_year_146_billion(msg: rpb.ReportRequest) -> None:
+    msg.sent_at.seconds = 2**62
+
+
+def _sent_with_negative_nanos(msg: rpb.ReportRequest) -> None:
+    msg.sent_at.nanos = -1
+
+
+def _measured_after_year_9999(msg: rpb.ReportRequest) -> None:
+    link = msg.snapshot.topology.links[0]
+    link.measured.gbps = 100.0
+    link.measured.measured_at.seconds = 253402300800
+
+
 def _probe(peer: str, latency: float) -> rpb.ReportRequest:
     delta = rpb.Delta()
     probe = delta.peer_probes.add(peer=peer)
@@ -174,6 +188,24 @@ MALFORMED = [
         "a bandwidth that is not a number",
         [_bad(_nan_bandwidth)],
         "snapshot.topology.links[0].nominal_gbps",
+    ),
+    Malformed(
+        "a send time no timestamp can hold",
+        [_bad(_sent_in_year_146_billion)],
+        "sent_at",
+    ),
+    Malformed(
+        "a delta's send time with negative nanos",
+        [
+            snapshot_msg(1),
+            _bad(_sent_with_negative_nanos, delta_msg(2, NodeDelta(problems=("x",)))),
+        ],
+        "sent_at",
+    ),
+    Malformed(
+        "a measurement time past year 9999",
+        [_bad(_measured_after_year_9999)],
+        "snapshot.topology.links[0].measured.measured_at",
     ),
     Malformed(
         "a second node on the same stream",
