@@ -14,7 +14,15 @@ Contract, per message:
   stream's replaces it (a restarted exporter, or a reconnect while the old connection is
   half-dead): the old stream is ended with ABORTED at its next message, and nothing it sends
   is applied any more. One with an older incarnation is refused with ALREADY_EXISTS, so two
-  exporters claiming one node cannot take turns. (Reads stay in the handler's own task:
+  exporters claiming one node cannot take turns.
+- An incarnation is the exporter's start time, so one further in the future than clocks can
+  disagree (`INCARNATION_FUTURE_S`) is a forgery or a broken clock: refused with
+  INVALID_ARGUMENT before it can claim the node. Otherwise one forged 2^64-1 would outrank every
+  real exporter for good. And a stream that holds the node (no live stream has a newer
+  incarnation) is the node's exporter now: what a gone stream with a higher incarnation left in
+  the state no longer outranks it (`ClusterState.yield_to`), so a restarted or reconnected
+  exporter always gets its node back. Every refusal is one WARNING line naming the peer, and
+  counted (`reports_rejected{field}`, `streams_refused`). (Reads stay in the handler's own task:
   racing a read against another event from a second task loses messages in grpc.aio under
   load.)
 - Every message is acknowledged; acknowledgements carry probe targets when it is the node's
@@ -44,6 +52,7 @@ from gputopo.codec import (
     delta_from_proto,
     gpu_use_from_proto,
     peer_probe_from_proto,
+    seconds,
     topology_from_proto,
 )
 from gputopo.delta import NodeDelta
@@ -53,7 +62,13 @@ from gputopo.topology import DeviceKind, NodeTopology
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
-__all__ = ["FRESHNESS_BUCKETS", "IngestStats", "ReporterService", "validate_node_name"]
+__all__ = [
+    "FRESHNESS_BUCKETS",
+    "INCARNATION_FUTURE_S",
+    "IngestStats",
+    "ReporterService",
+    "validate_node_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +80,10 @@ _STATUS = {
 # Kubernetes node names are DNS-1123 subdomains: the labels published go on a Node by this name.
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
+
+# How far an incarnation (unix ns at exporter start) may be ahead of this aggregator's clock:
+# generous for unsynchronised clocks, and small enough that a forged one cannot pin a node.
+INCARNATION_FUTURE_S = 300.0
 
 # Seconds from an exporter sending a report to the state having applied it.
 FRESHNESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -144,6 +163,7 @@ class ReporterService(rgrpc.ReporterServicer):
         """One stream per node: validate, apply, acknowledge every message."""
         node = ""
         claim: _Claim | None = None
+        peer = context.peer()
         self.stats.streams += 1
         try:
             async for msg in request_iterator:
@@ -155,6 +175,7 @@ class ReporterService(rgrpc.ReporterServicer):
                 kind = msg.WhichOneof("payload") or "none"
                 try:
                     self._check_envelope(msg, node)
+                    self._check_incarnation(msg.incarnation)
                     if not node:
                         denial = report_denial(
                             node_of_peer(context), msg.node_name, require=self._require_identity
@@ -163,17 +184,19 @@ class ReporterService(rgrpc.ReporterServicer):
                             self.denied += 1
                             # gputopo_aggregator_reports_rejected_total{field="node_identity"}
                             self.stats.rejected["node_identity"] += 1
-                            log.warning("refused report: %s", denial)
+                            log.warning("refused report from %s: %s", peer, denial)
                             await context.abort(grpc.StatusCode.PERMISSION_DENIED, denial)
                         claim = self._claim(msg.node_name, msg.incarnation)
                         if claim is None:
                             self.stats.refused += 1
-                            await context.abort(
-                                grpc.StatusCode.ALREADY_EXISTS,
+                            refusal = (
                                 f"node_name: {msg.node_name!r} is reported by a newer exporter "
                                 f"on another stream (incarnation "
-                                f"{self._claims[msg.node_name].incarnation})",
+                                f"{self._claims[msg.node_name].incarnation})"
                             )
+                            log.warning("refused report stream from %s: %s", peer, refusal)
+                            await context.abort(grpc.StatusCode.ALREADY_EXISTS, refusal)
+                        self._state.yield_to(msg.node_name, msg.incarnation)
                         node = msg.node_name
                     elif claim is not None and msg.incarnation > claim.incarnation:
                         claim.incarnation = msg.incarnation
@@ -181,7 +204,9 @@ class ReporterService(rgrpc.ReporterServicer):
                 except CodecError as err:
                     self.stats.rejected[re.sub(r"\[\d+\]", "[]", err.field)] += 1
                     self.stats.messages[(kind, "rejected")] += 1
-                    log.warning("rejected report from %s: %s", msg.node_name or "?", err)
+                    log.warning(
+                        "rejected report from %s (node %s): %s", peer, msg.node_name or "?", err
+                    )
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
                 self.stats.messages[(kind, outcome.value)] += 1
                 yield self._response(msg, outcome)
@@ -203,6 +228,15 @@ class ReporterService(rgrpc.ReporterServicer):
         self._claims[node] = claim
         return claim
 
+    def _check_incarnation(self, incarnation: int) -> None:
+        ahead = incarnation / 1e9 - self._wall()
+        if ahead > INCARNATION_FUTURE_S:
+            raise CodecError(
+                "incarnation",
+                f"is {incarnation}, {ahead:.0f} s ahead of this aggregator's clock (at most "
+                f"{INCARNATION_FUTURE_S:.0f} s): not the exporter's start time in unix nanoseconds",
+            )
+
     def _check_envelope(self, msg: rpb.ReportRequest, stream_node: str) -> None:
         validate_node_name(msg.node_name)
         if stream_node and msg.node_name != stream_node:
@@ -217,6 +251,8 @@ class ReporterService(rgrpc.ReporterServicer):
             match = _HOST_PORT.match(msg.probe_address)
             if match is None or not 0 < int(match.group(2)) < 65536:
                 raise CodecError("probe_address", f"{msg.probe_address!r} is not host:port")
+        if msg.HasField("sent_at"):
+            seconds(msg.sent_at, "sent_at")  # read after applying: checked before
 
     def _apply(self, msg: rpb.ReportRequest, kind: str) -> ReportOutcome:
         seq = {"incarnation": msg.incarnation, "sequence": msg.sequence}
@@ -255,7 +291,7 @@ class ReporterService(rgrpc.ReporterServicer):
         if use is not None:
             self._state.set_kubelet_use(msg.node_name, use[0])
         if kind != "heartbeat" and msg.HasField("sent_at"):
-            self.stats.observe_freshness(self._wall() - msg.sent_at.ToNanoseconds() / 1e9)
+            self.stats.observe_freshness(self._wall() - seconds(msg.sent_at, "sent_at"))
         self._state.set_probe_address(msg.node_name, msg.probe_address)
         if self._probes is not None:
             self._probes.address(msg.node_name, msg.probe_address)

@@ -43,10 +43,14 @@ from aggregator.probes import ProbeCoordinator
 from aggregator.promises import KubePromises
 from aggregator.publisher import LabelPublisher, PublisherConfig, node_facts
 from aggregator.schedwriter import SchedulerObjectWriter
-from aggregator.service import PlacementService
+from aggregator.service import (
+    DEFAULT_RESERVATION_TTL_S,
+    MAX_RESERVATION_TTL_S,
+    PlacementService,
+)
 from aggregator.state import ClusterState
 from gputopo.inventory import Inventory, inventory_labels, inventory_topologies, load_inventory
-from gputopo.reservations import Reservation
+from gputopo.reservations import INVENTORY_OWNER, Reservation, new_reservation_id
 from gputopo.runtime import grpcio
 from gputopo.runtime.kube import KubeClient, KubeError
 from gputopo.runtime.leader import LeaderElector, LeaseConfig
@@ -87,7 +91,8 @@ class AggregatorConfig:
     http_port: int | None = None  # None: no HTTP endpoints
     stale_after_s: float = 30.0
     heartbeat_interval_s: float = 5.0
-    reservation_ttl_s: float = 60.0
+    reservation_ttl_s: float = DEFAULT_RESERVATION_TTL_S
+    max_reservation_ttl_s: float = MAX_RESERVATION_TTL_S
     housekeeping_interval_s: float = 1.0
     default_policy: str | None = None
     inventory_path: str | None = None
@@ -143,6 +148,7 @@ class Aggregator:
             self.state,
             clock=clock,
             default_ttl_s=config.reservation_ttl_s,
+            max_ttl_s=config.max_reservation_ttl_s,
             default_policy=config.default_policy,
             promises=self.promises,
             may_reserve=lambda: self.leading,
@@ -215,10 +221,10 @@ class Aggregator:
             self.state.add_static(topo, labels=labels[topo.name])
         self.state.restore(
             Reservation(
-                id=f"inventory-used-{node}",
+                id=f"inventory-{new_reservation_id()}",
                 gpus={node: gpus},
                 expires_at=None,
-                owner="inventory",
+                owner=INVENTORY_OWNER,
                 job="inventory/used",
             )
             for node, gpus in used.items()

@@ -43,6 +43,7 @@ from gputopo.v1 import topology_pb2 as tpb
 
 __all__ = [
     "DEFAULT_RESERVATION_TTL_S",
+    "MAX_RESERVATION_TTL_S",
     "PlacementError",
     "PlacementService",
     "cluster_message",
@@ -51,6 +52,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_RESERVATION_TTL_S = 60.0
+# The longest a client may hold GPUs without committing them (`--max-reservation-ttl`): a
+# reservation is a promise between Place and the bind, minutes at most. Bounding it also keeps
+# every expiry a timestamp protobuf can carry, so no reservation is made that cannot be named.
+MAX_RESERVATION_TTL_S = 3600.0
 # How long a call that reserves waits for reservations to be restored after a start or failover.
 _READY_WAIT_S = 10.0
 # A watcher that falls this many events behind is told to resync rather than buffering forever.
@@ -140,13 +145,20 @@ class PlacementService(pgrpc.PlacementServicer):
         *,
         clock: Callable[[], float],
         default_ttl_s: float = DEFAULT_RESERVATION_TTL_S,
+        max_ttl_s: float = MAX_RESERVATION_TTL_S,
         default_policy: str | None = None,
         promises: KubePromises | None = None,
         may_reserve: Callable[[], bool] = lambda: True,
     ) -> None:
         self._state = state
         self._clock = clock
+        if not 0 < default_ttl_s <= max_ttl_s:
+            raise ValueError(
+                f"reservation TTL {default_ttl_s} s must be positive and at most the maximum"
+                f" {max_ttl_s} s"
+            )
         self._ttl = default_ttl_s
+        self._max_ttl = max_ttl_s
         self._policy = default_policy
         self.promises = promises
         self._may_reserve = may_reserve
@@ -207,11 +219,24 @@ class PlacementService(pgrpc.PlacementServicer):
                 raise PlacementError(
                     grpc.StatusCode.INVALID_ARGUMENT, "reservation_ttl: must be positive"
                 )
+            if ttl > self._max_ttl:
+                raise PlacementError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"reservation_ttl: is {ttl:g} s, at most {self._max_ttl:g} s"
+                    " (the aggregator's --max-reservation-ttl); commit to hold GPUs longer",
+                )
         result, seconds, snapshot = self._decide(request.request)
         resp = self._response(result, snapshot, seconds)
         if result.placed and not request.dry_run:
             reservation = self._state.reserve(result, ttl_s=ttl, job=request.request.job)
-            resp.reservation.CopyFrom(_reservation_to_proto(reservation))
+            try:
+                resp.reservation.CopyFrom(_reservation_to_proto(reservation))
+            except (ValueError, OverflowError) as err:
+                # The id is returned or nothing is held: GPUs nobody can name are lost to all.
+                self._state.release(reservation.id)
+                raise PlacementError(
+                    grpc.StatusCode.INTERNAL, f"reservation: could not be encoded: {err}"
+                ) from None
         log.info(
             "place job=%r placed=%s gpus=%d in %.1f ms%s",
             request.request.job,
@@ -224,6 +249,7 @@ class PlacementService(pgrpc.PlacementServicer):
 
     def commit(self, request: ppb.CommitRequest) -> ppb.CommitResponse:
         """Keep a reservation until it is released."""
+        self._not_the_inventorys(request.reservation_id)
         try:
             res = self._state.commit(request.reservation_id, owner=request.owner)
         except ReservationError:
@@ -236,6 +262,7 @@ class PlacementService(pgrpc.PlacementServicer):
 
     def release(self, request: ppb.ReleaseRequest) -> ppb.ReleaseResponse:
         """Free a reservation's GPUs."""
+        self._not_the_inventorys(request.reservation_id)
         try:
             res = self._state.release(request.reservation_id)
         except ReservationError:
@@ -244,6 +271,17 @@ class PlacementService(pgrpc.PlacementServicer):
                 f"reservation_id: no live reservation {request.reservation_id!r}",
             ) from None
         return ppb.ReleaseResponse(released=True, gpus_freed=res.gpu_count)
+
+    def _not_the_inventorys(self, rid: str) -> None:
+        """GPUs the inventory says are used are held for as long as it says so: a client that
+        learnt such an id (from a topology dump) must not free them, nor take them over."""
+        held = self._state.reservation(rid)
+        if held is not None and held.from_inventory:
+            raise PlacementError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"reservation_id: {rid!r} holds GPUs the inventory marks as used;"
+                " change the inventory to free them",
+            )
 
     # --- the same, kept: what is promised is stored before it is said (aggregator.promises) ----
 
@@ -300,6 +338,7 @@ class PlacementService(pgrpc.PlacementServicer):
     async def release_kept(self, request: ppb.ReleaseRequest) -> ppb.ReleaseResponse:
         """`release`, the stored reservation deleted first (a failed delete frees nothing)."""
         await self._book_is_current()
+        self._not_the_inventorys(request.reservation_id)
         if self.promises is not None and self._state.reservation(request.reservation_id):
             try:
                 await self.promises.delete(request.reservation_id)

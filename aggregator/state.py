@@ -229,6 +229,18 @@ class ClusterState:
             return ReportOutcome.IGNORED
         return rec
 
+    def yield_to(self, node: str, incarnation: int) -> None:
+        """A new stream now holds the node (ingest's claim), with an incarnation older than the
+        record's: the stream that sent the newer one is gone (the claim would have refused this
+        one otherwise), so its incarnation no longer orders anything. Without this a forged or
+        clock-skewed incarnation would make the node ignore its real exporter until that one
+        restarts past it. The record stays as it is until the new stream's snapshot replaces
+        it; its deltas and heartbeats get RESYNC until then."""
+        rec = self._nodes.get(node)
+        if rec is None or rec.source != "exporter" or incarnation >= rec.incarnation:
+            return
+        rec.incarnation, rec.sequence = incarnation - 1, 0
+
     def apply_delta(
         self, node: str, delta: NodeDelta, *, incarnation: int, sequence: int
     ) -> ReportOutcome:

@@ -25,12 +25,24 @@ from typing import Protocol
 from gputopo.placement.result import PlacementResult
 
 __all__ = [
+    "INVENTORY_OWNER",
     "MemoryStore",
     "Reservation",
     "ReservationBook",
     "ReservationError",
     "ReservationStore",
+    "new_reservation_id",
 ]
+
+# The owner of the GPUs an inventory says are in use: held for as long as the inventory says so,
+# never committed nor released by a client.
+INVENTORY_OWNER = "inventory"
+
+
+def new_reservation_id() -> str:
+    """128 random bits: an id is the only thing a Commit or Release needs, so it must not be
+    guessable from another (as a counter, a node name or a short random one would be)."""
+    return secrets.token_hex(16)
 
 
 @dataclass(slots=True)
@@ -48,6 +60,11 @@ class Reservation:
     def committed(self) -> bool:
         """Committed reservations never expire."""
         return self.expires_at is None
+
+    @property
+    def from_inventory(self) -> bool:
+        """Held because the inventory says the GPUs are used: not a client's to release."""
+        return self.owner == INVENTORY_OWNER
 
     @property
     def gpu_count(self) -> int:
@@ -146,7 +163,7 @@ class ReservationBook:
             clash = gpus & self._held.get(node, set())
             if clash:
                 raise ValueError(f"GPUs {sorted(clash)} of {node} are already held")
-        rid = secrets.token_hex(8)
+        rid = new_reservation_id()
         res = Reservation(rid, dict(allocation), self._clock() + ttl_s, job=job, result=result)
         self.store.put(res)
         self._reservations[rid] = res

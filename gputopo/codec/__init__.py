@@ -8,7 +8,7 @@ present) and raises `CodecError` naming the field, which servers return as INVAL
 Everything public is re-exported here, so callers import from `gputopo.codec`.
 """
 
-from gputopo.codec._base import CodecError, timestamp
+from gputopo.codec._base import CodecError, seconds, timestamp
 from gputopo.codec.cluster import cluster_to_proto, node_state_to_proto
 from gputopo.codec.placement import (
     request_from_proto,
@@ -63,6 +63,7 @@ __all__ = [
     "request_to_proto",
     "result_from_proto",
     "result_to_proto",
+    "seconds",
     "timestamp",
     "topology_from_proto",
     "topology_to_proto",

@@ -7,7 +7,7 @@ from typing import TypeVar
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-__all__ = ["CodecError", "timestamp"]
+__all__ = ["CodecError", "seconds", "timestamp"]
 
 
 class CodecError(ValueError):
@@ -29,9 +29,14 @@ def timestamp(seconds: float) -> Timestamp:
     return ts
 
 
-def seconds(ts: Timestamp) -> float:
-    """Unix seconds from a protobuf Timestamp."""
-    return ts.ToNanoseconds() / 1e9
+def seconds(ts: Timestamp, path: str) -> float:
+    """Unix seconds from a protobuf Timestamp; CodecError naming `path` when it is outside what
+    a Timestamp may hold (years 1..9999, nanos 0..999999999), which protobuf only notices when
+    it converts, so late (after something was applied) unless asked here."""
+    try:
+        return ts.ToNanoseconds() / 1e9
+    except ValueError as err:
+        raise CodecError(path, f"is not a valid timestamp ({err})") from None
 
 
 def wire_enum(cls: type[_E], value: int, path: str) -> _E:

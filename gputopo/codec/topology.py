@@ -100,7 +100,7 @@ def _measurement_from_proto(msg: tpb.Measurement, path: str) -> Measurement:
         method=msg.method,
         size_bytes=msg.size_bytes,
         duration_s=msg.duration_s,
-        measured_at=seconds(msg.measured_at),
+        measured_at=seconds(msg.measured_at, f"{path}.measured_at"),
         latency_us=msg.latency_us if msg.HasField("latency_us") else None,
     )
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -127,6 +129,20 @@ def _delta_link_to_nowhere() -> rpb.ReportRequest:
     return rpb.ReportRequest(node_name="n1", incarnation=100, sequence=2, delta=delta)
 
 
+def _sent_in_year_146_billion(msg: rpb.ReportRequest) -> None:
+    msg.sent_at.seconds = 2**62
+
+
+def _sent_with_negative_nanos(msg: rpb.ReportRequest) -> None:
+    msg.sent_at.nanos = -1
+
+
+def _measured_after_year_9999(msg: rpb.ReportRequest) -> None:
+    link = msg.snapshot.topology.links[0]
+    link.measured.gbps = 100.0
+    link.measured.measured_at.seconds = 253402300800
+
+
 def _probe(peer: str, latency: float) -> rpb.ReportRequest:
     delta = rpb.Delta()
     probe = delta.peer_probes.add(peer=peer)
@@ -172,6 +188,24 @@ MALFORMED = [
         "a bandwidth that is not a number",
         [_bad(_nan_bandwidth)],
         "snapshot.topology.links[0].nominal_gbps",
+    ),
+    Malformed(
+        "a send time no timestamp can hold",
+        [_bad(_sent_in_year_146_billion)],
+        "sent_at",
+    ),
+    Malformed(
+        "a delta's send time with negative nanos",
+        [
+            snapshot_msg(1),
+            _bad(_sent_with_negative_nanos, delta_msg(2, NodeDelta(problems=("x",)))),
+        ],
+        "sent_at",
+    ),
+    Malformed(
+        "a measurement time past year 9999",
+        [_bad(_measured_after_year_9999)],
+        "snapshot.topology.links[0].measured.measured_at",
     ),
     Malformed(
         "a second node on the same stream",
@@ -409,3 +443,68 @@ def test_a_node_gone_stale_is_no_longer_a_probe_target() -> None:
             await agg.stop(grace_s=0.1)
 
     run(body())
+
+
+def test_a_forged_huge_incarnation_is_refused_and_the_real_exporter_keeps_its_node(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def body(agg: Aggregator, stub: rgrpc.ReporterStub) -> None:
+        real = time.time_ns()
+        stream = stub.Report()
+        await stream.write(snapshot_msg(1, incarnation=real))
+        assert (await stream.read()).status == ACCEPTED
+        for forged in (2**64 - 1, real + 3600 * 10**9):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await exchange(stub, [snapshot_msg(1, incarnation=forged)])
+            assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "incarnation" in (info.value.details() or "")
+        # Nothing of the forgery was applied: the real stream goes on as before.
+        await stream.write(beat(2, incarnation=real))
+        assert (await stream.read()).status == ACCEPTED
+        rec = agg.state.record("n1")
+        assert rec is not None
+        assert (rec.incarnation, rec.sequence) == (real, 2)
+        assert agg.reporter.stats.rejected["incarnation"] == 2
+        await stream.done_writing()
+
+    with caplog.at_level(logging.WARNING, logger="aggregator.ingest"):
+        run(with_aggregator(body))
+    refusals = [r.getMessage() for r in caplog.records if "incarnation" in r.getMessage()]
+    assert len(refusals) == 2
+    assert all("127.0.0.1" in line or "ipv6" in line for line in refusals), refusals
+
+
+def test_an_exporter_gets_its_node_back_from_a_gone_stream_with_a_higher_incarnation() -> None:
+    async def body(agg: Aggregator, stub: rgrpc.ReporterStub) -> None:
+        real = time.time_ns()
+        # A stream claiming a later start (within the allowed clock skew) came and went.
+        forged = stub.Report()
+        await forged.write(snapshot_msg(1, incarnation=real + 200 * 10**9, node="n1"))
+        assert (await forged.read()).status == ACCEPTED
+        await forged.done_writing()
+        assert await forged.read() is grpc.aio.EOF
+        await eventually_free(agg)
+        # The real exporter reconnects: its first heartbeat asks for a snapshot, which is taken.
+        answers = await exchange(
+            stub,
+            [
+                beat(7, incarnation=real),
+                snapshot_msg(8, incarnation=real),
+                beat(9, incarnation=real),
+            ],
+        )
+        assert [a.status for a in answers] == [RESYNC, ACCEPTED, ACCEPTED]
+        rec = agg.state.record("n1")
+        assert rec is not None
+        assert (rec.incarnation, rec.sequence) == (real, 9)
+
+    run(with_aggregator(body))
+
+
+async def eventually_free(agg: Aggregator) -> None:
+    """Wait until the server has finished the ended stream (its claim is released)."""
+    for _ in range(200):
+        if agg.reporter.stats.streams == 0:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the ended stream was never released")

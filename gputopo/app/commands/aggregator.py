@@ -64,6 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="default reservation lifetime (default %(default)s)",
     )
+    parser.add_argument(
+        "--max-reservation-ttl",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="longest reservation lifetime a Place may ask for (default %(default)s)",
+    )
     parser.add_argument("--policy", default=None, help="default placement policy (gputopo)")
     parser.add_argument(
         "--inventory",
@@ -207,6 +214,19 @@ def run(args: argparse.Namespace) -> int:
     except TlsUsageError as err:
         print(f"gputopo aggregator: {err}", file=sys.stderr)
         return 2
+    if not 0 < args.max_reservation_ttl < 1e9:
+        print(
+            "gputopo aggregator: --max-reservation-ttl: must be between 0 and 1e9 seconds",
+            file=sys.stderr,
+        )
+        return 2
+    if not 0 < args.reservation_ttl <= args.max_reservation_ttl:
+        print(
+            f"gputopo aggregator: --reservation-ttl: must be positive and at most"
+            f" --max-reservation-ttl ({args.max_reservation_ttl:g} s)",
+            file=sys.stderr,
+        )
+        return 2
     config = AggregatorConfig(
         tls=tls,
         grpc_host=args.host,
@@ -215,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         stale_after_s=args.stale_after,
         reservation_ttl_s=args.reservation_ttl,
+        max_reservation_ttl_s=args.max_reservation_ttl,
         default_policy=args.policy,
         inventory_path=args.inventory,
         inventory_nodes=args.inventory_nodes,
