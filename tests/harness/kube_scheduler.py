@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from gputopo.app.benchmarks._binder_kube import scheduler_config
 from tests.harness.kube import (
     KUBE_VERSION,
     BinaryNotFoundError,
@@ -76,24 +77,7 @@ class KubeScheduler:
         self.workdir = workdir
         self.port = _free_port()
         self.log_path = workdir / f"kube-scheduler-{name}.log"
-        config: dict[str, object] = {
-            "apiVersion": "kubescheduler.config.k8s.io/v1beta1",
-            "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {"kubeconfig": str(kube.kubeconfig_path)},
-            "leaderElection": {"leaderElect": False},
-            "profiles": [{"schedulerName": name}],
-        }
-        if extender_url:
-            config["extenders"] = [
-                {
-                    "urlPrefix": extender_url,
-                    "filterVerb": "filter",
-                    "prioritizeVerb": "prioritize",
-                    "weight": 5,
-                    "nodeCacheCapable": True,
-                    "managedResources": [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}],
-                }
-            ]
+        config = scheduler_config(str(kube.kubeconfig_path), name=name, extender_url=extender_url)
         workdir.mkdir(parents=True, exist_ok=True)
         self.config_path = workdir / f"kube-scheduler-{name}.json"  # JSON is YAML
         self.config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")

@@ -162,16 +162,18 @@ def _free_port() -> int:
         return port
 
 
-@contextlib.contextmanager
-def kube_scheduler(
-    binary: Path, kubeconfig: str, workdir: Path, *, name: str, extender_url: str = ""
-) -> Iterator[subprocess.Popen[bytes]]:
-    """A kube-scheduler process with one profile (and gputopo's extender when given), as the
-    README configures it; stopped on exit."""
+def scheduler_config(
+    kubeconfig: str, *, name: str, extender_url: str = "", qps: int = 0
+) -> dict[str, Any]:
+    """A v1beta1 KubeSchedulerConfiguration with one profile and, given a URL, gputopo's extender
+    configured as the README says (the bench and the tests' harness run the same one)."""
+    connection: dict[str, Any] = {"kubeconfig": kubeconfig}
+    if qps:
+        connection |= {"qps": qps, "burst": 2 * qps}
     config: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1beta1",
         "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": kubeconfig, "qps": 200, "burst": 400},
+        "clientConnection": connection,
         "leaderElection": {"leaderElect": False},
         "profiles": [{"schedulerName": name}],
     }
@@ -186,6 +188,16 @@ def kube_scheduler(
                 "managedResources": [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}],
             }
         ]
+    return config
+
+
+@contextlib.contextmanager
+def kube_scheduler(
+    binary: Path, kubeconfig: str, workdir: Path, *, name: str, extender_url: str = ""
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A kube-scheduler process with one profile (and gputopo's extender when given), as the
+    README configures it; stopped on exit."""
+    config = scheduler_config(kubeconfig, name=name, extender_url=extender_url, qps=200)
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / f"{name}.json"
     config_path.write_text(json.dumps(config), encoding="utf-8")
