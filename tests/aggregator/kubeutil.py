@@ -165,3 +165,40 @@ def install_crds(scope: KubeScope, *files: str) -> None:
             while session.request("GET", path).status != 200:
                 assert time.monotonic() < deadline, f"CRD behind {path} never became served"
                 time.sleep(0.1)
+
+
+_RBAC_KINDS = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+
+
+def install_rbac(
+    scope: KubeScope, kube: KubeApiServer, docs: Iterable[Mapping[str, Any]], name: str
+) -> str:
+    """A component's ServiceAccount and RBAC objects from its manifests, into the scope's
+    namespace (cluster-wide ones renamed for the scope's cleanup); returns the account's user."""
+    namespace = scope.namespace
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    paths = {
+        "ServiceAccount": f"/api/v1/namespaces/{namespace}/serviceaccounts",
+        "Role": f"{rbac}/namespaces/{namespace}/roles",
+        "RoleBinding": f"{rbac}/namespaces/{namespace}/rolebindings",
+        "ClusterRole": f"{rbac}/clusterroles",
+        "ClusterRoleBinding": f"{rbac}/clusterrolebindings",
+    }
+    with kube.json_session() as session:
+        for original in docs:
+            kind = original["kind"]
+            if kind not in _RBAC_KINDS:
+                continue
+            doc: dict[str, Any] = {**original, "metadata": {**original["metadata"]}}
+            if kind.startswith("Cluster"):
+                doc["metadata"]["name"] = scope.name(name)
+                if kind == "ClusterRoleBinding":
+                    doc["roleRef"] = {**doc["roleRef"], "name": scope.name(name)}
+            doc["subjects"] = [
+                {**subject, "namespace": namespace} for subject in doc.get("subjects", [])
+            ]
+            if not doc["subjects"]:
+                del doc["subjects"]
+            response = session.request("POST", paths[kind], body=doc)
+            assert response.ok, (kind, response.body)
+    return f"system:serviceaccount:{namespace}:{name}"

@@ -23,6 +23,7 @@ from tests.aggregator.kubeutil import (
     exporters,
     fast_publisher,
     install_crds,
+    install_rbac,
     read_nodes,
     run,
 )
@@ -82,34 +83,6 @@ def test_the_kustomization_lists_every_manifest_and_the_parts_fit() -> None:
     assert lease_rule["resourceNames"] == [NAME]
 
 
-def _install(scope: KubeScope, kube: KubeApiServer) -> str:
-    """The RBAC objects into the scope's namespace (cluster-wide ones renamed for cleanup)."""
-    namespace = scope.namespace
-    with kube.json_session() as session:
-        for original in manifests():
-            kind = original["kind"]
-            if kind in {"Namespace", "Deployment", "Service", "CustomResourceDefinition"}:
-                continue  # the CRD is installed by install_crds, for the scope's cleanup
-            doc = {**original, "metadata": {**original["metadata"]}}
-            if kind.startswith("Cluster"):
-                doc["metadata"]["name"] = scope.name(NAME)
-                if kind == "ClusterRoleBinding":
-                    doc["roleRef"] = {**doc["roleRef"], "name": scope.name(NAME)}
-            for subject in doc.get("subjects", []):
-                subject["namespace"] = namespace
-            rbac = "/apis/rbac.authorization.k8s.io/v1"
-            path = {
-                "ServiceAccount": f"/api/v1/namespaces/{namespace}/serviceaccounts",
-                "Role": f"{rbac}/namespaces/{namespace}/roles",
-                "RoleBinding": f"{rbac}/namespaces/{namespace}/rolebindings",
-                "ClusterRole": f"{rbac}/clusterroles",
-                "ClusterRoleBinding": f"{rbac}/clusterrolebindings",
-            }[kind]
-            response = session.request("POST", path, body=doc)
-            assert response.ok, (kind, response.body)
-    return f"system:serviceaccount:{namespace}:{NAME}"
-
-
 def test_the_workloads_pass_the_api_servers_validation(
     kube_apiserver: KubeApiServer, kube_scope: KubeScope
 ) -> None:
@@ -134,7 +107,7 @@ def test_the_aggregator_works_as_its_service_account_and_is_refused_the_rest(
         "volcano-hypernodes.yaml",
         str(DEPLOY / "crd-gpureservations.yaml"),
     )
-    account = _install(kube_scope, kube_apiserver)
+    account = install_rbac(kube_scope, kube_apiserver, manifests(), NAME)
     topologies = fabric_cluster(
         spines=1, leaves_per_spine=2, nodes_per_leaf=2, prefix=kube_scope.name("g")
     )

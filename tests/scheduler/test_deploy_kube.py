@@ -22,6 +22,7 @@ from tests.aggregator.kubeutil import (
     eventually,
     exporters,
     install_crds,
+    install_rbac,
     run,
 )
 from tests.builders import fabric_cluster
@@ -57,34 +58,6 @@ def test_the_kustomization_lists_every_manifest_and_the_deployment_follows_the_c
     assert "--lease-name=gputopo-scheduler" in container["args"]
 
 
-def _install(scope: KubeScope, kube: KubeApiServer) -> str:
-    """The RBAC objects into the scope's namespace (cluster-wide ones renamed for cleanup)."""
-    namespace = scope.namespace
-    with kube.json_session() as session:
-        for original in manifests():
-            kind = original["kind"]
-            if kind == "Deployment":
-                continue
-            doc = {**original, "metadata": {**original["metadata"]}}
-            if kind.startswith("Cluster"):
-                doc["metadata"]["name"] = scope.name(NAME)
-                if kind == "ClusterRoleBinding":
-                    doc["roleRef"] = {**doc["roleRef"], "name": scope.name(NAME)}
-            for subject in doc.get("subjects", []):
-                subject["namespace"] = namespace
-            rbac = "/apis/rbac.authorization.k8s.io/v1"
-            path = {
-                "ServiceAccount": f"/api/v1/namespaces/{namespace}/serviceaccounts",
-                "Role": f"{rbac}/namespaces/{namespace}/roles",
-                "RoleBinding": f"{rbac}/namespaces/{namespace}/rolebindings",
-                "ClusterRole": f"{rbac}/clusterroles",
-                "ClusterRoleBinding": f"{rbac}/clusterrolebindings",
-            }[kind]
-            response = session.request("POST", path, body=doc)
-            assert response.ok, (kind, response.body)
-    return f"system:serviceaccount:{namespace}:{NAME}"
-
-
 def test_the_deployment_passes_the_api_servers_validation(
     kube_apiserver: KubeApiServer, kube_scope: KubeScope
 ) -> None:
@@ -100,7 +73,7 @@ def test_the_elected_scheduler_binds_as_its_service_account_and_is_refused_the_r
     kube_apiserver: KubeApiServer, kube_scope: KubeScope
 ) -> None:
     install_crds(kube_scope, "coscheduling-podgroups.yaml")
-    user = _install(kube_scope, kube_apiserver)
+    user = install_rbac(kube_scope, kube_apiserver, manifests(), NAME)
     nodes = fabric_cluster(
         spines=1, leaves_per_spine=1, nodes_per_leaf=3, gpus=8, prefix=kube_scope.name("d")
     )
