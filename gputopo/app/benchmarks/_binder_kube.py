@@ -30,10 +30,13 @@ from gputopo.topology import FabricPosition, NodeTopology
 __all__ = [
     "PODGROUP_CRD",
     "GangSpec",
+    "KubeSchedulerError",
     "bench_nodes",
     "find_kube_scheduler",
     "kube_scheduler",
     "prepare_nodes",
+    "scheduler_config",
+    "start_kube_scheduler",
 ]
 
 KUBE_VERSION = "v1.20.2"
@@ -141,7 +144,7 @@ async def prepare_nodes(kube: KubeClient, nodes: Sequence[NodeTopology]) -> None
 
 def find_kube_scheduler(explicit: str = "") -> Path:
     """--kube-scheduler, else $GPUTOPO_KUBE_SCHEDULER, else the build script's cache."""
-    cache = Path(os.environ.get("GPUTOPO_CACHE_DIR", Path.home() / ".cache" / "gputopo"))
+    cache = Path(os.environ.get("GPUTOPO_CACHE_DIR") or Path.home() / ".cache" / "gputopo")
     path = Path(
         explicit
         or os.environ.get(SCHEDULER_ENV, "")
@@ -191,18 +194,26 @@ def scheduler_config(
     return config
 
 
-@contextlib.contextmanager
-def kube_scheduler(
-    binary: Path, kubeconfig: str, workdir: Path, *, name: str, extender_url: str = ""
-) -> Iterator[subprocess.Popen[bytes]]:
-    """A kube-scheduler process with one profile (and gputopo's extender when given), as the
-    README configures it; stopped on exit."""
-    config = scheduler_config(kubeconfig, name=name, extender_url=extender_url, qps=200)
+class KubeSchedulerError(RuntimeError):
+    """kube-scheduler exited or its health endpoint never answered (the message says which)."""
+
+
+def start_kube_scheduler(
+    binary: Path,
+    config: dict[str, Any],
+    workdir: Path,
+    *,
+    name: str,
+    extra_args: Sequence[str] = (),
+    timeout_s: float = 60.0,
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start kube-scheduler with `config` on a free loopback port and wait until /healthz
+    answers; returns the process and its log. The bench and the tests' harness start it so."""
     workdir.mkdir(parents=True, exist_ok=True)
-    config_path = workdir / f"{name}.json"
-    config_path.write_text(json.dumps(config), encoding="utf-8")
+    config_path = workdir / f"kube-scheduler-{name}.json"  # JSON is YAML
+    config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
     port = _free_port()
-    log_path = workdir / f"{name}.log"
+    log_path = workdir / f"kube-scheduler-{name}.log"
     args = [
         str(binary),
         f"--config={config_path}",
@@ -210,31 +221,47 @@ def kube_scheduler(
         f"--secure-port={port}",
         "--bind-address=127.0.0.1",
         f"--cert-dir={workdir / ('certs-' + name)}",
+        *extra_args,
     ]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # its own self-signed serving certificate
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise KubeSchedulerError(f"kube-scheduler exited; see {log_path}")
+        try:
+            url = f"https://127.0.0.1:{port}/healthz"
+            with urllib.request.urlopen(url, timeout=1, context=context) as response:
+                if response.status == 200:
+                    return proc, log_path
+        except (OSError, urllib.error.URLError):
+            time.sleep(0.2)
+    stop_process(proc)
+    raise KubeSchedulerError(f"kube-scheduler never became healthy; see {log_path}")
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after `timeout_s`."""
+    proc.terminate()
     try:
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE  # its own self-signed serving certificate
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"kube-scheduler exited; see {log_path}")
-            try:
-                url = f"https://127.0.0.1:{port}/healthz"
-                with urllib.request.urlopen(url, timeout=1, context=context) as response:
-                    if response.status == 200:
-                        break
-            except (OSError, urllib.error.URLError):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"kube-scheduler never healthy; see {log_path}") from None
-                time.sleep(0.2)
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def kube_scheduler(
+    binary: Path, kubeconfig: str, workdir: Path, *, name: str, extender_url: str = ""
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A kube-scheduler process with one profile (and gputopo's extender when given), as the
+    README configures it; stopped on exit."""
+    config = scheduler_config(kubeconfig, name=name, extender_url=extender_url, qps=200)
+    proc, _ = start_kube_scheduler(binary, config, workdir, name=name)
+    try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
