@@ -376,7 +376,7 @@ class Binder:
     async def _nodes_exist(self, pods: list[dict[str, Any]]) -> bool:
         for node in sorted({_annotations(p).get(NODE_ANNOTATION, "") for p in pods}):
             try:
-                await self.kube.request("GET", f"/api/v1/nodes/{quote(node)}")
+                await self.kube.get_node(node)
             except NotFoundError:
                 return False
         return True
@@ -394,10 +394,7 @@ class Binder:
             except ConflictError:
                 # Already bound (a previous life of this binder got that far): fine if there.
                 try:
-                    now = await self.kube.request(
-                        "GET",
-                        f"/api/v1/namespaces/{quote(meta['namespace'])}/pods/{quote(meta['name'])}",
-                    )
+                    now = await self.kube.get_pod(meta["namespace"], meta["name"])
                 except NotFoundError:
                     return False
                 return _node(now) == node

@@ -21,7 +21,7 @@ each with the GPUs its containers ask for, within the topology key's domain when
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
@@ -229,17 +229,7 @@ def build_request(spec: GroupSpec, pods: Sequence[Mapping[str, Any]]) -> Placeme
             scope=scope,
         )
         request = PlacementRequest(groups=(group,))
-    job = request.job or spec.key.name
-    return PlacementRequest(
-        groups=request.groups,
-        edges=request.edges,
-        job=job,
-        namespace=spec.key.namespace,
-        scope=request.scope,
-        node_selector=request.node_selector,
-        priority=request.priority,
-        policy=request.policy,
-    )
+    return replace(request, job=request.job or spec.key.name, namespace=spec.key.namespace)
 
 
 def _members(request: PlacementRequest, pods: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
@@ -275,8 +265,9 @@ def assign(
     members = _members(request, pods)
     out: dict[str, PodPlacement] = {}
     for name, group_pods in members.items():
-        placed = sorted((p for p in result.pods if p.group == name), key=lambda p: p.rank)
-        placed.sort(key=lambda p: (p.replica, p.pod))
+        placed = sorted(
+            (p for p in result.pods if p.group == name), key=lambda p: (p.replica, p.pod)
+        )
         if len(group_pods) < len(placed):
             raise ValueError(f"group {name}: {len(placed)} placed, {len(group_pods)} pods")
         for pod, where in zip(group_pods, placed, strict=False):

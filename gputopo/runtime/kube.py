@@ -457,7 +457,7 @@ class KubeClient:
         """Set (or with None remove) one label of a Pod."""
         await self.request(
             "PATCH",
-            f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}",
+            self._pod_path(namespace, name),
             body={"metadata": {"labels": {key: value}}},
             content_type=MERGE_PATCH,
         )
@@ -476,6 +476,11 @@ class KubeClient:
     @staticmethod
     def _pod_path(namespace: str, name: str) -> str:
         return f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """A Pod's JSON (NotFoundError when it is gone)."""
+        result: dict[str, Any] = await self.request("GET", self._pod_path(namespace, name))
+        return result
 
     async def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str | None]
