@@ -170,8 +170,10 @@ def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
 def channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
     """gRPC client credentials: present our certificate, trust only the CA's.
 
-    Read when the channel is made; a client's channel lives shorter than its certificate
-    (cert-manager renews at two thirds of the lifetime), and reconnects make a new one.
+    Read once, when the channel is made: grpc keeps these credentials for the channel's life
+    and its reconnects, and the exporter and scheduler hold one channel per process. So a
+    renewed client certificate is used from the process's next start (a rollout when the
+    Secret changes); only the servers follow rotation in place.
     """
     cert, key, ca = files.read()
     return grpc.ssl_channel_credentials(
