@@ -1,12 +1,13 @@
 """Client mistakes on HTTP become one 400 line, never a 500 with a traceback.
 
-Handlers check the shapes they expect, but a hostile or careless body can still reach code that
-assumes a shape (a list where an object was, a string where a number was) or nest deeply enough
-that decoding recurses past Python's limit (`json.loads` raises RecursionError, not ValueError).
-Each of those is the client's error: the middleware answers 400 with `{"error": ..., "code":
-"INVALID_ARGUMENT"}` naming the route and the problem, and logs one WARNING line without a
-traceback so a fuzzer or a broken client cannot flood the log. Anything else stays a 500, since
-hiding a server bug behind a 400 would make it unfindable.
+Handlers check the shapes they expect (an object where one is needed, the fields' types) and
+name the field; what is left is decoding: bytes that are not UTF-8, JSON that is not JSON or
+nests deeply enough that `json.loads` recurses past Python's limit (RecursionError, not
+ValueError), numbers out of range. Those are the client's error: the middleware answers 400 with
+`{"error": ..., "code": "INVALID_ARGUMENT"}` naming the route and the problem, and logs one
+WARNING line without a traceback so a fuzzer or a broken client cannot flood the log. A
+TypeError, KeyError or AttributeError stays a 500: it means a handler trusted a shape it did not
+check, a server bug that a 400 would hide (the HTTP fuzz suite finds none).
 """
 
 from __future__ import annotations
@@ -22,16 +23,7 @@ log = logging.getLogger(__name__)
 
 # What a malformed body raises in code that trusted its shape; an HTTPException (404, 405, ...)
 # is aiohttp's own answer and passes through untouched.
-_CLIENT_ERRORS = (
-    RecursionError,
-    TypeError,
-    AttributeError,
-    KeyError,
-    IndexError,
-    ValueError,
-    UnicodeError,
-    OverflowError,
-)
+_CLIENT_ERRORS = (RecursionError, ValueError, UnicodeError, OverflowError)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
