@@ -47,6 +47,7 @@ __all__ = [
     "PlacementError",
     "PlacementService",
     "cluster_message",
+    "ttl_limits_problem",
 ]
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,24 @@ DEFAULT_RESERVATION_TTL_S = 60.0
 # reservation is a promise between Place and the bind, minutes at most. Bounding it also keeps
 # every expiry a timestamp protobuf can carry, so no reservation is made that cannot be named.
 MAX_RESERVATION_TTL_S = 3600.0
+# Past this no configured maximum is accepted: every expiry stays far inside what a protobuf
+# Timestamp carries, so a reservation is never made whose answer cannot name it.
+_LONGEST_MAX_TTL_S = 1e9
+
+
+def ttl_limits_problem(default_ttl_s: float, max_ttl_s: float) -> str | None:
+    """What is wrong with a default and a maximum reservation TTL (one line naming the flag),
+    or None. `gputopo aggregator` prints it; `PlacementService` refuses to start with it."""
+    if not 0 < max_ttl_s < _LONGEST_MAX_TTL_S:
+        return f"--max-reservation-ttl: must be between 0 and {_LONGEST_MAX_TTL_S:g} seconds"
+    if not 0 < default_ttl_s <= max_ttl_s:
+        return (
+            "--reservation-ttl: must be positive and at most --max-reservation-ttl"
+            f" ({max_ttl_s:g} s)"
+        )
+    return None
+
+
 # How long a call that reserves waits for reservations to be restored after a start or failover.
 _READY_WAIT_S = 10.0
 # A watcher that falls this many events behind is told to resync rather than buffering forever.
@@ -152,11 +171,8 @@ class PlacementService(pgrpc.PlacementServicer):
     ) -> None:
         self._state = state
         self._clock = clock
-        if not 0 < default_ttl_s <= max_ttl_s:
-            raise ValueError(
-                f"reservation TTL {default_ttl_s} s must be positive and at most the maximum"
-                f" {max_ttl_s} s"
-            )
+        if (problem := ttl_limits_problem(default_ttl_s, max_ttl_s)) is not None:
+            raise ValueError(problem)
         self._ttl = default_ttl_s
         self._max_ttl = max_ttl_s
         self._policy = default_policy
@@ -229,14 +245,9 @@ class PlacementService(pgrpc.PlacementServicer):
         resp = self._response(result, snapshot, seconds)
         if result.placed and not request.dry_run:
             reservation = self._state.reserve(result, ttl_s=ttl, job=request.request.job)
-            try:
-                resp.reservation.CopyFrom(_reservation_to_proto(reservation))
-            except (ValueError, OverflowError) as err:
-                # The id is returned or nothing is held: GPUs nobody can name are lost to all.
-                self._state.release(reservation.id)
-                raise PlacementError(
-                    grpc.StatusCode.INTERNAL, f"reservation: could not be encoded: {err}"
-                ) from None
+            # Encodes: the TTL is at most the maximum, which ttl_limits_problem keeps far inside
+            # what a Timestamp carries, so the id is always returned for what is held.
+            resp.reservation.CopyFrom(_reservation_to_proto(reservation))
         log.info(
             "place job=%r placed=%s gpus=%d in %.1f ms%s",
             request.request.job,

@@ -214,18 +214,10 @@ def run(args: argparse.Namespace) -> int:
     except TlsUsageError as err:
         print(f"gputopo aggregator: {err}", file=sys.stderr)
         return 2
-    if not 0 < args.max_reservation_ttl < 1e9:
-        print(
-            "gputopo aggregator: --max-reservation-ttl: must be between 0 and 1e9 seconds",
-            file=sys.stderr,
-        )
-        return 2
-    if not 0 < args.reservation_ttl <= args.max_reservation_ttl:
-        print(
-            f"gputopo aggregator: --reservation-ttl: must be positive and at most"
-            f" --max-reservation-ttl ({args.max_reservation_ttl:g} s)",
-            file=sys.stderr,
-        )
+    from aggregator.service import ttl_limits_problem
+
+    if (problem := ttl_limits_problem(args.reservation_ttl, args.max_reservation_ttl)) is not None:
+        print(f"gputopo aggregator: {problem}", file=sys.stderr)
         return 2
     config = AggregatorConfig(
         tls=tls,
