@@ -147,7 +147,6 @@ class ReporterService(rgrpc.ReporterServicer):
         # Node identity (gputopo.runtime.identity): a certificate naming a node may report only
         # that node; with `require_node_identity`, a stream without one may report nothing.
         self._require_identity = require_node_identity
-        self.denied = 0
         self._heartbeat = Duration()
         self._heartbeat.FromNanoseconds(int(heartbeat_interval_s * 1e9))
         self._probes = probes
@@ -181,7 +180,6 @@ class ReporterService(rgrpc.ReporterServicer):
                             node_of_peer(context), msg.node_name, require=self._require_identity
                         )
                         if denial is not None:
-                            self.denied += 1
                             # gputopo_aggregator_reports_rejected_total{field="node_identity"}
                             self.stats.rejected["node_identity"] += 1
                             log.warning("refused report from %s: %s", peer, denial)
