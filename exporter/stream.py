@@ -187,12 +187,14 @@ class ReportStream:
                 self.stats.connected = True
                 self._wake.clear()
                 waiter = asyncio.create_task(self._wake.wait())
-                done, _ = await asyncio.wait(
-                    {waiter, reader},
-                    timeout=self._heartbeat_s,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                waiter.cancel()
+                try:
+                    done, _ = await asyncio.wait(
+                        {waiter, reader},
+                        timeout=self._heartbeat_s,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                finally:  # also when the stream is cancelled mid-wait: no task left pending
+                    waiter.cancel()
                 if reader in done:
                     reader.result()  # raises when the stream failed
                     return
