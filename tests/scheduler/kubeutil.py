@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
-from aggregator.server import Aggregator
+from aggregator.server import Aggregator, KubeOptions
 from gputopo.runtime import grpcio
 from gputopo.runtime.kube import KubeClient
 from gputopo.runtime.placement_client import PlacementClient
+from gputopo.topology import NodeTopology
 from scheduler.binder import Binder, BinderConfig
 from scheduler.groups import COSCHEDULING_LABEL, GROUP_LABEL
+from tests.aggregator.kubeutil import aggregator, create_nodes, exporters
+from tests.harness.kube import KubeApiServer
 
 PODGROUPS = "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups"
 
@@ -98,3 +101,23 @@ async def binder(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+@contextlib.asynccontextmanager
+async def binder_cluster(
+    kube_apiserver: KubeApiServer, nodes: Iterable[NodeTopology], config: BinderConfig
+) -> AsyncIterator[tuple[KubeClient, Aggregator]]:
+    """Node objects for `nodes`, an aggregator with their simulated exporters, and a binder
+    with `config`, all on the real API server; yields a client and the aggregator."""
+    nodes = list(nodes)
+    await create_nodes(kube_apiserver, [n.name for n in nodes])
+    kube = KubeClient(kube_apiserver.api_client())
+    try:
+        async with (
+            aggregator(kube_apiserver, options=KubeOptions(publish_labels=False)) as agg,
+            exporters(agg, nodes),
+            binder(kube, agg, config),
+        ):
+            yield kube, agg
+    finally:
+        kube.close()

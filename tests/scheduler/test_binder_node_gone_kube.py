@@ -6,14 +6,10 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from aggregator.server import KubeOptions
-from gputopo.runtime.kube import ConflictError, KubeClient
+from gputopo.runtime.kube import ConflictError
 from scheduler.binder import BinderConfig
 from tests.aggregator.kubeutil import (
-    aggregator,
-    create_nodes,
     eventually,
-    exporters,
     install_crds,
     run,
 )
@@ -22,7 +18,7 @@ from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
 from tests.scheduler.kubeutil import (
     PODGROUPS,
-    binder,
+    binder_cluster,
     create,
     events_of,
     gpu_pod,
@@ -45,44 +41,34 @@ def test_a_gang_whose_node_vanishes_mid_binding_is_undone_and_bound_whole_elsewh
     wanted = {f"t-{i}": gpu_pod(ns, f"t-{i}", 8, scheduler=name, pod_group="t") for i in range(2)}
 
     async def body() -> None:
-        await create_nodes(kube_apiserver, [n.name for n in nodes])
-        kube = KubeClient(kube_apiserver.api_client())
-        try:
-            options = KubeOptions(publish_labels=False)
-            async with (
-                aggregator(kube_apiserver, options=options) as agg,
-                exporters(agg, nodes),
-                binder(kube, agg, config),
-            ):
-                await create(kube, PODGROUPS.format(ns=ns), pod_group(ns, "t", 2))
-                for pod in wanted.values():
-                    await create(kube, f"/api/v1/namespaces/{ns}/pods", pod)
+        async with binder_cluster(kube_apiserver, nodes, config) as (kube, _agg):
+            await create(kube, PODGROUPS.format(ns=ns), pod_group(ns, "t", 2))
+            for pod in wanted.values():
+                await create(kube, f"/api/v1/namespaces/{ns}/pods", pod)
 
-                async def recorded() -> bool:
-                    pods = await pods_of(kube, ns)
-                    return len(pods) == 2 and all(
-                        "gputopo.io/node" in (p["metadata"].get("annotations") or {}) for p in pods
-                    )
-
-                await eventually(recorded, timeout_s=10, what="the decision recorded")
-                pods = sorted(await pods_of(kube, ns), key=lambda p: p["metadata"]["name"])
-                gone = pods[-1]["metadata"]["annotations"]["gputopo.io/node"]
-                await kube.delete_node(gone)
-
-                async def bound_whole() -> bool:
-                    have = {p["metadata"]["name"]: p for p in await pods_of(kube, ns)}
-                    for pod_name in set(wanted) - set(have):  # the controller's part
-                        with contextlib.suppress(ConflictError):
-                            await create(kube, f"/api/v1/namespaces/{ns}/pods", wanted[pod_name])
-                    nodes_of = [(p["spec"].get("nodeName") or "") for p in have.values()]
-                    return len(nodes_of) == 2 and all(nodes_of)
-
-                await eventually(bound_whole, timeout_s=30, what="the gang bound whole again")
+            async def recorded() -> bool:
                 pods = await pods_of(kube, ns)
-                assert all(p["spec"]["nodeName"] != gone for p in pods)
-                reasons = {e["reason"] for e in await events_of(kube, ns)}
-                assert "Undone" in reasons
-        finally:
-            kube.close()
+                return len(pods) == 2 and all(
+                    "gputopo.io/node" in (p["metadata"].get("annotations") or {}) for p in pods
+                )
+
+            await eventually(recorded, timeout_s=10, what="the decision recorded")
+            pods = sorted(await pods_of(kube, ns), key=lambda p: p["metadata"]["name"])
+            gone = pods[-1]["metadata"]["annotations"]["gputopo.io/node"]
+            await kube.delete_node(gone)
+
+            async def bound_whole() -> bool:
+                have = {p["metadata"]["name"]: p for p in await pods_of(kube, ns)}
+                for pod_name in set(wanted) - set(have):  # the controller's part
+                    with contextlib.suppress(ConflictError):
+                        await create(kube, f"/api/v1/namespaces/{ns}/pods", wanted[pod_name])
+                nodes_of = [(p["spec"].get("nodeName") or "") for p in have.values()]
+                return len(nodes_of) == 2 and all(nodes_of)
+
+            await eventually(bound_whole, timeout_s=30, what="the gang bound whole again")
+            pods = await pods_of(kube, ns)
+            assert all(p["spec"]["nodeName"] != gone for p in pods)
+            reasons = {e["reason"] for e in await events_of(kube, ns)}
+            assert "Undone" in reasons
 
     run(body(), timeout_s=120)
