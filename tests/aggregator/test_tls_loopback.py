@@ -46,6 +46,15 @@ def _exporter(node: str, port: int, tls: TlsFiles | None) -> subprocess.Popen[by
     )
 
 
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(timeout=30)
+        assert p.stderr is not None
+        p.stderr.close()
+
+
 def test_a_node_certificate_may_report_only_its_own_node(tmp_path: Path) -> None:
     """The attack of issue 12: a valid certificate of node a100-01 reporting as a100-02."""
     ca = TestCA("gputopo-ca")
@@ -74,12 +83,7 @@ def test_a_node_certificate_may_report_only_its_own_node(tmp_path: Path) -> None
             assert agg.state.record("a100-02") is None
             assert agg.state.record("a100-03") is None
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(timeout=30)
-                assert p.stderr is not None
-                p.stderr.close()
+            _stop(procs)
             await agg.stop(grace_s=0.1)
 
     run(body(), timeout_s=200)
@@ -113,12 +117,7 @@ def test_exporter_and_aggregator_speak_mutual_tls_and_refuse_plain_text(tmp_path
             ):
                 assert resp.status == 200
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(timeout=30)
-                assert p.stderr is not None
-                p.stderr.close()
+            _stop(procs)
             await agg.stop(grace_s=0.1)
 
     run(body(), timeout_s=200)
