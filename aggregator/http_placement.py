@@ -34,6 +34,7 @@ predicted collective on its best free GPUs, and damage to whole free nodes and d
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -47,9 +48,12 @@ from aggregator.service import PlacementError, PlacementService
 from gputopo.codec.placement import request_json_with_wire_names
 from gputopo.placement.pernode import fit_on_nodes, scores
 from gputopo.request import DEFAULT_MESSAGE_BYTES, Group, Pattern, RequestError
+from gputopo.runtime.identity import caller_of_http
 from gputopo.v1 import placement_pb2 as ppb
 
 __all__ = ["GPU_RESOURCE", "add_placement_routes"]
+
+log = logging.getLogger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
 _ANNOTATION = "gputopo.io/"
@@ -57,6 +61,8 @@ _ANNOTATION = "gputopo.io/"
 _HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.UNAVAILABLE: 503,
 }
 
 
@@ -72,10 +78,17 @@ def _error(status: grpc.StatusCode, message: str) -> web.Response:
     )
 
 
+def _caller(request: web.Request) -> str:
+    """Who the client certificate says the caller is ("" over plain text)."""
+    transport = request.transport
+    return caller_of_http(transport.get_extra_info("peercert") if transport else None)
+
+
 def _mirror(
-    handler: Callable[[Any], Message | Awaitable[Message]], message_type: type[Message]
+    handler: Callable[[Any, str], Message | Awaitable[Message]], message_type: type[Message]
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """An aiohttp handler that parses `message_type` from JSON, calls `handler`, answers JSON.
+    """An aiohttp handler that parses `message_type` from JSON, calls `handler` with it and the
+    caller's identity, answers JSON.
 
     A body's `request` (Place, Explain) may use the YAML form's spellings (`nvlink`,
     `all_reduce`, edges `from`/`to`) besides protobuf's names: one vocabulary for requests.
@@ -101,7 +114,7 @@ def _mirror(
         except json_format.ParseError as err:
             return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body: {err}")
         try:
-            answer = handler(msg)
+            answer = handler(msg, _caller(request))
             if inspect.isawaitable(answer):
                 answer = await answer
             return web.json_response(_to_json(answer))
@@ -114,10 +127,28 @@ def _mirror(
 class _Extender:
     """kube-scheduler extender verbs over the service's cluster state."""
 
-    def __init__(self, service: PlacementService) -> None:
+    def __init__(self, service: PlacementService, callers: frozenset[str] | None) -> None:
         self._service = service
+        self._callers = callers
+
+    def _refused(self, request: web.Request) -> web.Response | None:
+        """A 403 unless the caller is one the extender serves: what it filters decides where
+        pods run, so only the scheduler's identity may ask (None: any, over plain text)."""
+        if self._callers is None:
+            return None
+        caller = _caller(request)
+        if caller in self._callers:
+            return None
+        log.warning("extender: refused %s", repr(caller) if caller else "a caller without a name")
+        allowed = ", ".join(sorted(self._callers)) or "nobody (no --extender-client)"
+        return _error(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"client certificate: {caller!r} may not call the extender; allowed: {allowed}",
+        )
 
     async def filter(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
         args = await _extender_args(request)
         if isinstance(args, web.Response):
             return args
@@ -138,6 +169,8 @@ class _Extender:
         return web.json_response(result)
 
     async def prioritize(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
         args = await _extender_args(request)
         if isinstance(args, web.Response):
             return args
@@ -282,16 +315,34 @@ def _group(annotations: Mapping[str, str], gpus: int) -> Group:
     return Group("pod", gpus_per_pod=gpus, pattern=pattern, message_bytes=max(size, 0))
 
 
-def add_placement_routes(app: web.Application, service: PlacementService) -> None:
-    """Serve the JSON mirror and the extender verbs from `app` (see the module docstring)."""
-    app.router.add_post("/api/v1/placement/place", _mirror(service.place_kept, ppb.PlaceRequest))
-    app.router.add_post("/api/v1/placement/commit", _mirror(service.commit_kept, ppb.CommitRequest))
-    app.router.add_post(
-        "/api/v1/placement/release", _mirror(service.release_kept, ppb.ReleaseRequest)
-    )
-    app.router.add_post(
-        "/api/v1/placement/explain", _mirror(service.explain_kept, ppb.ExplainRequest)
-    )
-    extender = _Extender(service)
+def add_placement_routes(
+    app: web.Application,
+    service: PlacementService,
+    *,
+    extender_callers: frozenset[str] | None = None,
+) -> None:
+    """Serve the JSON mirror and the extender verbs from `app` (see the module docstring).
+
+    `extender_callers`: the client certificate names the extender answers (None: anyone, for a
+    plain-text server, where no caller has a name).
+    """
+
+    async def place(msg: ppb.PlaceRequest, caller: str) -> Message:
+        return await service.place_kept(msg, caller=caller)
+
+    async def commit(msg: ppb.CommitRequest, caller: str) -> Message:
+        return await service.commit_kept(msg, caller=caller)
+
+    async def release(msg: ppb.ReleaseRequest, caller: str) -> Message:
+        return await service.release_kept(msg, caller=caller)
+
+    async def explain(msg: ppb.ExplainRequest, _caller: str) -> Message:
+        return await service.explain_kept(msg)
+
+    app.router.add_post("/api/v1/placement/place", _mirror(place, ppb.PlaceRequest))
+    app.router.add_post("/api/v1/placement/commit", _mirror(commit, ppb.CommitRequest))
+    app.router.add_post("/api/v1/placement/release", _mirror(release, ppb.ReleaseRequest))
+    app.router.add_post("/api/v1/placement/explain", _mirror(explain, ppb.ExplainRequest))
+    extender = _Extender(service, extender_callers)
     app.router.add_post("/scheduler/filter", extender.filter)
     app.router.add_post("/scheduler/prioritize", extender.prioritize)

@@ -54,7 +54,11 @@ def reservation_to_object(res: Reservation, namespace: str) -> dict[str, Any]:
     }
     # Empty strings are left out: the generated client sends them as null, which the schema
     # (type: string) refuses.
-    spec |= {key: value for key, value in (("owner", res.owner), ("job", res.job)) if value}
+    spec |= {
+        key: value
+        for key, value in (("owner", res.owner), ("job", res.job), ("holder", res.holder))
+        if value
+    }
     if res.expires_at is not None:
         spec["expiresAt"] = res.expires_at
     if res.result is not None:
@@ -99,6 +103,7 @@ def reservation_from_object(obj: Mapping[str, Any]) -> Reservation:
         owner=str(spec.get("owner", "")),
         job=str(spec.get("job", "")),
         result=result,
+        holder=str(spec.get("holder", "")),
     )
 
 

@@ -58,11 +58,13 @@ from gputopo.runtime.tls import TlsFiles, ssl_server_context
 from gputopo.v1 import placement_pb2_grpc as pgrpc
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
-__all__ = ["Aggregator", "AggregatorConfig", "KubeOptions"]
+__all__ = ["DEFAULT_EXTENDER_CLIENTS", "Aggregator", "AggregatorConfig", "KubeOptions"]
 
 log = logging.getLogger(__name__)
 
 LEADER_POD_LABEL = "gputopo.io/role"
+# The name kube-scheduler's own client certificate carries: the extender's one legitimate caller.
+DEFAULT_EXTENDER_CLIENTS = ("system:kube-scheduler",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,8 @@ class AggregatorConfig:
     tls: TlsFiles | None = None
     # Refuse reports from streams whose certificate names no node (system:node:NAME).
     require_node_identity: bool = False
+    # With TLS, the client certificate names the scheduler extender answers (kube-scheduler's).
+    extender_clients: tuple[str, ...] = DEFAULT_EXTENDER_CLIENTS
 
 
 class Aggregator:
@@ -205,7 +209,11 @@ class Aggregator:
             ready=lambda: self._grpc is not None,
             role=lambda: "leader" if self.leading else "follower",
             desired_labels=self._desired_labels,
-            extra_routes=lambda app: add_placement_routes(app, self.placement),
+            extra_routes=lambda app: add_placement_routes(
+                app,
+                self.placement,
+                extender_callers=frozenset(config.extender_clients) if config.tls else None,
+            ),
             ssl_context=ssl_server_context(config.tls) if config.tls else None,
         )
         self._grpc: grpc.aio.Server | None = None

@@ -17,6 +17,7 @@ import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import TypeVar
 
 import grpc
@@ -36,6 +37,7 @@ from gputopo.codec import (
 from gputopo.placement import PlacementResult, UnknownPolicyError, place
 from gputopo.request import RequestError
 from gputopo.reservations import Reservation, ReservationError
+from gputopo.runtime.identity import caller_of_rpc
 from gputopo.runtime.kube import KubeError
 from gputopo.v1 import placement_pb2 as ppb
 from gputopo.v1 import placement_pb2_grpc as pgrpc
@@ -120,6 +122,10 @@ def _reservation_to_proto(r: Reservation) -> ppb.Reservation:
     return msg
 
 
+def _who(caller: str) -> str:
+    return repr(caller) if caller else "a plain-text (unauthenticated) caller"
+
+
 class PlacementError(Exception):
     """A call that cannot be served: `status` is the gRPC status name, `message` says why (with
     the field path for a bad request). The HTTP mirror maps the same errors to 400 and 404."""
@@ -178,6 +184,7 @@ class PlacementService(pgrpc.PlacementServicer):
         self._policy = default_policy
         self.promises = promises
         self._may_reserve = may_reserve
+        self.denied = 0  # Commit/Release refused to a caller that does not hold the reservation
         # Set once reservations are restored (at once without a durable store): until then
         # no Place that reserves, Commit or Release is answered.
         self.ready = asyncio.Event()
@@ -226,8 +233,9 @@ class PlacementService(pgrpc.PlacementServicer):
 
     # --- the work, free of any transport ----------------------------------------------------
 
-    def place(self, request: ppb.PlaceRequest) -> ppb.PlaceResponse:
-        """Place a request; unless dry_run, hold its GPUs for the reservation TTL."""
+    def place(self, request: ppb.PlaceRequest, *, caller: str = "") -> ppb.PlaceResponse:
+        """Place a request; unless dry_run, hold its GPUs for the reservation TTL, for
+        `caller` (who the transport proved the client is) alone to commit or release."""
         ttl = self._ttl
         if request.HasField("reservation_ttl"):
             ttl = request.reservation_ttl.ToNanoseconds() / 1e9
@@ -244,7 +252,9 @@ class PlacementService(pgrpc.PlacementServicer):
         result, seconds, snapshot = self._decide(request.request)
         resp = self._response(result, snapshot, seconds)
         if result.placed and not request.dry_run:
-            reservation = self._state.reserve(result, ttl_s=ttl, job=request.request.job)
+            reservation = self._state.reserve(
+                result, ttl_s=ttl, job=request.request.job, holder=caller
+            )
             # Encodes: the TTL is at most the maximum, which ttl_limits_problem keeps far inside
             # what a Timestamp carries, so the id is always returned for what is held.
             resp.reservation.CopyFrom(_reservation_to_proto(reservation))
@@ -258,9 +268,9 @@ class PlacementService(pgrpc.PlacementServicer):
         )
         return resp
 
-    def commit(self, request: ppb.CommitRequest) -> ppb.CommitResponse:
+    def commit(self, request: ppb.CommitRequest, *, caller: str = "") -> ppb.CommitResponse:
         """Keep a reservation until it is released."""
-        self._not_the_inventorys(request.reservation_id)
+        self._check_holder(request.reservation_id, caller)
         try:
             res = self._state.commit(request.reservation_id, owner=request.owner)
         except ReservationError:
@@ -271,9 +281,9 @@ class PlacementService(pgrpc.PlacementServicer):
             ) from None
         return ppb.CommitResponse(reservation=_reservation_to_proto(res))
 
-    def release(self, request: ppb.ReleaseRequest) -> ppb.ReleaseResponse:
+    def release(self, request: ppb.ReleaseRequest, *, caller: str = "") -> ppb.ReleaseResponse:
         """Free a reservation's GPUs."""
-        self._not_the_inventorys(request.reservation_id)
+        self._check_holder(request.reservation_id, caller)
         try:
             res = self._state.release(request.reservation_id)
         except ReservationError:
@@ -283,15 +293,31 @@ class PlacementService(pgrpc.PlacementServicer):
             ) from None
         return ppb.ReleaseResponse(released=True, gpus_freed=res.gpu_count)
 
-    def _not_the_inventorys(self, rid: str) -> None:
-        """GPUs the inventory says are used are held for as long as it says so: a client that
-        learnt such an id (from a topology dump) must not free them, nor take them over."""
+    def _check_holder(self, rid: str, caller: str) -> None:
+        """Only who made a reservation may commit or release it. An id is no secret (it sits in
+        pod annotations and topology dumps); the caller's certificate is. GPUs the inventory
+        says are used are held for as long as it says so, whoever asks."""
         held = self._state.reservation(rid)
-        if held is not None and held.from_inventory:
+        if held is None:
+            return
+        if held.from_inventory:
             raise PlacementError(
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"reservation_id: {rid!r} holds GPUs the inventory marks as used;"
                 " change the inventory to free them",
+            )
+        if held.holder != caller:
+            self.denied += 1
+            log.warning(
+                "reservation %s: %s may not change it; it belongs to %s",
+                rid,
+                _who(caller),
+                _who(held.holder),
+            )
+            raise PlacementError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"reservation_id: {rid!r} was made by another caller; only"
+                f" {_who(held.holder)} may commit or release it",
             )
 
     # --- the same, kept: what is promised is stored before it is said (aggregator.promises) ----
@@ -312,12 +338,12 @@ class PlacementService(pgrpc.PlacementServicer):
                 grpc.StatusCode.UNAVAILABLE, "reservations are still being restored"
             ) from None
 
-    async def place_kept(self, request: ppb.PlaceRequest) -> ppb.PlaceResponse:
+    async def place_kept(self, request: ppb.PlaceRequest, *, caller: str = "") -> ppb.PlaceResponse:
         """`place`, with the reservation stored before the answer names it."""
         if request.dry_run:
-            return self.place(request)
+            return self.place(request, caller=caller)
         await self._book_is_current()
-        resp = self.place(request)
+        resp = self.place(request, caller=caller)
         if self.promises is not None and resp.HasField("reservation"):
             held = self._state.reservation(resp.reservation.id)
             if held is not None:
@@ -332,10 +358,12 @@ class PlacementService(pgrpc.PlacementServicer):
                     ) from None
         return resp
 
-    async def commit_kept(self, request: ppb.CommitRequest) -> ppb.CommitResponse:
+    async def commit_kept(
+        self, request: ppb.CommitRequest, *, caller: str = ""
+    ) -> ppb.CommitResponse:
         """`commit`, stored before it is answered."""
         await self._book_is_current()
-        resp = self.commit(request)
+        resp = self.commit(request, caller=caller)
         held = self._state.reservation(request.reservation_id)
         if self.promises is not None and held is not None:
             try:
@@ -346,10 +374,12 @@ class PlacementService(pgrpc.PlacementServicer):
                 ) from None
         return resp
 
-    async def release_kept(self, request: ppb.ReleaseRequest) -> ppb.ReleaseResponse:
+    async def release_kept(
+        self, request: ppb.ReleaseRequest, *, caller: str = ""
+    ) -> ppb.ReleaseResponse:
         """`release`, the stored reservation deleted first (a failed delete frees nothing)."""
         await self._book_is_current()
-        self._not_the_inventorys(request.reservation_id)
+        self._check_holder(request.reservation_id, caller)
         if self.promises is not None and self._state.reservation(request.reservation_id):
             try:
                 await self.promises.delete(request.reservation_id)
@@ -357,7 +387,7 @@ class PlacementService(pgrpc.PlacementServicer):
                 raise PlacementError(
                     grpc.StatusCode.UNAVAILABLE, f"the release could not be stored: {err}"
                 ) from None
-        return self.release(request)
+        return self.release(request, caller=caller)
 
     async def explain_kept(self, request: ppb.ExplainRequest) -> ppb.PlaceResponse:
         """`explain`; about a reservation, only from the current book."""
@@ -408,7 +438,8 @@ class PlacementService(pgrpc.PlacementServicer):
         context: grpc.aio.ServicerContext[ppb.PlaceRequest, ppb.PlaceResponse],
     ) -> ppb.PlaceResponse:
         """See `place_kept`."""
-        return await _answer(self.place_kept, request, context)
+        work = partial(self.place_kept, caller=caller_of_rpc(context))
+        return await _answer(work, request, context)
 
     async def Commit(  # noqa: N802
         self,
@@ -416,7 +447,8 @@ class PlacementService(pgrpc.PlacementServicer):
         context: grpc.aio.ServicerContext[ppb.CommitRequest, ppb.CommitResponse],
     ) -> ppb.CommitResponse:
         """See `commit_kept`."""
-        return await _answer(self.commit_kept, request, context)
+        work = partial(self.commit_kept, caller=caller_of_rpc(context))
+        return await _answer(work, request, context)
 
     async def Release(  # noqa: N802
         self,
@@ -424,7 +456,8 @@ class PlacementService(pgrpc.PlacementServicer):
         context: grpc.aio.ServicerContext[ppb.ReleaseRequest, ppb.ReleaseResponse],
     ) -> ppb.ReleaseResponse:
         """See `release_kept`."""
-        return await _answer(self.release_kept, request, context)
+        work = partial(self.release_kept, caller=caller_of_rpc(context))
+        return await _answer(work, request, context)
 
     async def Explain(  # noqa: N802
         self,

@@ -523,9 +523,11 @@ class ClusterState:
         """GPUs held by live reservations and commitments, per node."""
         return self.book.held_gpus()
 
-    def reserve(self, result: PlacementResult, *, ttl_s: float, job: str = "") -> Reservation:
+    def reserve(
+        self, result: PlacementResult, *, ttl_s: float, job: str = "", holder: str = ""
+    ) -> Reservation:
         """Hold the GPUs of a placement (`ReservationBook.reserve`)."""
-        return self.book.reserve(result, ttl_s=ttl_s, job=job)
+        return self.book.reserve(result, ttl_s=ttl_s, job=job, holder=holder)
 
     def commit(self, rid: str, *, owner: str = "") -> Reservation:
         """Keep a reservation until released."""

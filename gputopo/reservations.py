@@ -55,6 +55,9 @@ class Reservation:
     owner: str = ""
     job: str = ""
     result: PlacementResult | None = None
+    # Who made it, as authenticated (a client certificate's name; "" for a plain-text caller):
+    # only the same caller may commit or release it. `owner` is what the client says it is for.
+    holder: str = ""
 
     @property
     def committed(self) -> bool:
@@ -151,7 +154,9 @@ class ReservationBook:
 
     # --- the book -------------------------------------------------------------------------
 
-    def reserve(self, result: PlacementResult, *, ttl_s: float, job: str = "") -> Reservation:
+    def reserve(
+        self, result: PlacementResult, *, ttl_s: float, job: str = "", holder: str = ""
+    ) -> Reservation:
         """Hold the GPUs of a placement for `ttl_s` seconds.
 
         Raises ValueError if any GPU is already held: callers place on a fresh snapshot in the
@@ -164,7 +169,9 @@ class ReservationBook:
             if clash:
                 raise ValueError(f"GPUs {sorted(clash)} of {node} are already held")
         rid = new_reservation_id()
-        res = Reservation(rid, dict(allocation), self._clock() + ttl_s, job=job, result=result)
+        res = Reservation(
+            rid, dict(allocation), self._clock() + ttl_s, job=job, result=result, holder=holder
+        )
         self.store.put(res)
         self._reservations[rid] = res
         self._hold(res)

@@ -1,4 +1,4 @@
-"""Who is on the other end of a gRPC call, from what mutual TLS already proved.
+"""Who is on the other end of a gRPC call or an HTTP request, from what mutual TLS proved.
 
 A node's exporter carries a certificate whose common name is `system:node:NAME` (the form the
 kubelet's own client certificates use, so one issuer policy covers both). The aggregator lets a
@@ -8,9 +8,18 @@ pod that holds some other valid certificate still cannot speak for a node it is 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import grpc
 
-__all__ = ["NODE_PREFIX", "node_of_peer", "report_denial"]
+__all__ = [
+    "NODE_PREFIX",
+    "caller_of_http",
+    "caller_of_rpc",
+    "node_of_peer",
+    "report_denial",
+]
 
 NODE_PREFIX = "system:node:"
 
@@ -36,3 +45,24 @@ def report_denial(peer_node: str | None, reported: str, *, require: bool) -> str
     if peer_node != reported:
         return f"node_name: this exporter is {peer_node!r} and may not report {reported!r}"
     return None
+
+
+def caller_of_rpc(context: grpc.aio.ServicerContext) -> str:  # type: ignore[type-arg]
+    """The common name of the peer's verified client certificate; "" over plain text.
+
+    A reservation remembers who made it by this name, so only that caller may commit or
+    release it (an id alone, which sits in pod annotations, is not enough).
+    """
+    for cn in context.auth_context().get("x509_common_name", []):
+        return cn.decode("utf-8", "replace")
+    return ""
+
+
+def caller_of_http(peercert: Mapping[str, Any] | None) -> str:
+    """The same for an HTTPS request, from `ssl.SSLSocket.getpeercert()`'s dictionary (what
+    aiohttp's `request.transport.get_extra_info("peercert")` returns); "" without one."""
+    for rdn in (peercert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return ""

@@ -113,6 +113,7 @@ def test_the_command_prints_its_dry_run_patches_and_writes_nothing(
         "-c",
         code,
         "aggregator",
+        "--insecure",
         "--grpc-port=0",
         "--http-port=0",
         f"--kubeconfig={kube_apiserver.kubeconfig_path}",
@@ -176,7 +177,13 @@ def test_the_command_prints_its_dry_run_patches_and_writes_nothing(
     ("argv", "message"),
     [
         pytest.param(
-            ["aggregator", "--kubeconfig", "/nonexistent/kubeconfig", "--grpc-port=0"],
+            [
+                "aggregator",
+                "--insecure",
+                "--kubeconfig",
+                "/nonexistent/kubeconfig",
+                "--grpc-port=0",
+            ],
             "cannot use kubeconfig /nonexistent/kubeconfig",
             id="a kubeconfig that is not there",
         ),
@@ -186,7 +193,13 @@ def test_the_command_prints_its_dry_run_patches_and_writes_nothing(
             id="the demo with a kubeconfig that is not there",
         ),
         pytest.param(
-            ["aggregator", "--inventory", "/nonexistent/inventory.yaml", "--grpc-port=0"],
+            [
+                "aggregator",
+                "--insecure",
+                "--inventory",
+                "/nonexistent/inventory.yaml",
+                "--grpc-port=0",
+            ],
             "/nonexistent/inventory.yaml",
             id="an inventory that is not there",
         ),
@@ -312,7 +325,16 @@ def test_cluster_only_options_without_a_cluster_refuse_to_start(
     options: list[str], want_named: str
 ) -> None:
     code = "import sys; from gputopo.app.cli import main; sys.exit(main(sys.argv[1:]))"
-    args = [sys.executable, "-c", code, "aggregator", "--grpc-port=0", "--http-port=0", *options]
+    args = [
+        sys.executable,
+        "-c",
+        code,
+        "aggregator",
+        "--insecure",
+        "--grpc-port=0",
+        "--http-port=0",
+        *options,
+    ]
     try:
         proc = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
     except subprocess.TimeoutExpired:
@@ -338,7 +360,8 @@ def test_a_second_aggregator_on_a_taken_port_exits_with_one_line(
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    base = [sys.executable, "-m", "gputopo", "aggregator", "--grpc-port", "0", "--http-port", "0"]
+    base = [sys.executable, "-m", "gputopo", "aggregator", "--insecure", "--grpc-port", "0"]
+    base += ["--http-port", "0"]
     argv = [*base, flag, str(port)]  # the later flag wins: this one holds the port
     first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

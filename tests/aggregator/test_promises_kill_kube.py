@@ -67,6 +67,7 @@ class Process:
             "--inventory-nodes",
             "--reservations-namespace",
             namespace,
+            "--insecure",
         ]
         self.log = log
         self.proc: asyncio.subprocess.Process | None = None

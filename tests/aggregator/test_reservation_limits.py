@@ -114,7 +114,7 @@ def test_the_inventorys_used_gpus_cannot_be_released_or_committed_by_a_client() 
 def test_the_command_refuses_ttls_it_could_not_keep(
     args: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["aggregator", *args]) == 2
+    assert main(["aggregator", "--insecure", *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "reservation-ttl" in err

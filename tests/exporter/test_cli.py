@@ -165,6 +165,7 @@ def test_gputopo_exporter_runs_without_a_gpu_reports_and_stops_on_sigterm() -> N
             "127.0.0.1",
             "--probe-port",
             "0",
+            "--insecure",
             stderr=subprocess.PIPE,
             env=os.environ
             | {"NODE_NAME": "cli-node", "GPUTOPO_AGGREGATOR": aggregator.grpc_target},
@@ -237,7 +238,7 @@ def test_a_simulated_exporter_does_not_log_a_driver_that_reads_as_real() -> None
     """`gputopo exporter --simulate` logs which fake machine answers, not the fake's driver."""
     args = [sys.executable, "-m", "gputopo", "exporter", "--simulate", "dgx-h100"]
     args += ["--node-name", "sim-0", "--http-host", "127.0.0.1", "--http-port", "0"]
-    args += ["--probe-host", "127.0.0.1", "--probe-port", "0", "--no-peer-probes"]
+    args += ["--probe-host", "127.0.0.1", "--probe-port", "0", "--no-peer-probes", "--insecure"]
     env = {k: v for k, v in os.environ.items() if k != "GPUTOPO_AGGREGATOR"}
     log: list[str] = []
     with subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env) as process:

@@ -258,6 +258,7 @@ def test_aggregator_start_up_refuses_in_one_line(tmp_path: Path, name: str) -> N
             "0",
             "--inventory",
             str(f),
+            "--insecure",
         ],
         check=False,
         capture_output=True,

@@ -71,6 +71,7 @@ class Aggregator:
                 *(sys.executable, "-m", "gputopo", "aggregator"),
                 *("--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port)),
                 *("--inventory", str(INVENTORY), "--inventory-nodes", "--reservation-ttl", "5"),
+                "--insecure",
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,

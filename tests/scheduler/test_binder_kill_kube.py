@@ -66,6 +66,7 @@ def _binder(kube: KubeApiServer, target: str, name: str, log: Path) -> subproces
         "--http-port=0",
         "--http-host=127.0.0.1",
         f"--step-pause={STEP_PAUSE_S}",
+        "--insecure",
     ]
     with log.open("ab") as out:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)

@@ -203,6 +203,7 @@ async def _measure_idle(idle_s: float) -> dict[str, object]:
                 "127.0.0.1",
                 "--probe-port",
                 "0",
+                "--insecure",
             ],
             ready=_PORT,
         )

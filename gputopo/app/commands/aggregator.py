@@ -85,6 +85,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from gputopo.runtime.tls import add_tls_flags
 
     add_tls_flags(parser)
+    parser.add_argument(
+        "--extender-client",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="with TLS: a client certificate name the scheduler extender answers (repeatable;"
+        " default system:kube-scheduler); every other caller gets 403",
+    )
+    parser.add_argument(
+        "--anonymous-exporters",
+        action="store_true",
+        help="with TLS: also apply reports from exporters whose certificate names no node"
+        " (default: only a certificate of CN system:node:NAME may report NAME)",
+    )
     kube = parser.add_argument_group("Kubernetes (labels, scheduler objects, leader election)")
     kube.add_argument(
         "--kubeconfig",
@@ -180,7 +194,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     from aggregator.publisher import PublisherConfig
-    from aggregator.server import Aggregator, AggregatorConfig, KubeOptions
+    from aggregator.server import (
+        DEFAULT_EXTENDER_CLIENTS,
+        Aggregator,
+        AggregatorConfig,
+        KubeOptions,
+    )
     from gputopo.inventory import InventoryError
     from gputopo.runtime.kube import KubeClient, KubeError
     from gputopo.runtime.leader import LeaseConfig
@@ -210,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     from gputopo.runtime.tls import TlsUsageError, tls_from_args, warn_plaintext
 
     try:
-        tls = tls_from_args(args, component="aggregator", require_choice=False, warn=False)
+        tls = tls_from_args(args, component="aggregator", warn=False)
     except TlsUsageError as err:
         print(f"gputopo aggregator: {err}", file=sys.stderr)
         return 2
@@ -221,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     config = AggregatorConfig(
         tls=tls,
+        require_node_identity=tls is not None and not args.anonymous_exporters,
+        extender_clients=tuple(args.extender_client or DEFAULT_EXTENDER_CLIENTS),
         grpc_host=args.host,
         grpc_port=args.grpc_port,
         http_host=args.host,

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from gputopo.runtime.tls import TlsUsageError, tls_from_args
 
     try:
-        tls = tls_from_args(args, component="scheduler", require_choice=False)
+        tls = tls_from_args(args, component="scheduler")
     except TlsUsageError as err:
         print(f"gputopo scheduler: {err}", file=sys.stderr)
         return 2
