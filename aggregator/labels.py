@@ -19,11 +19,15 @@ Values are valid label values: as they are when they already are (<= 63 characte
 `[-A-Za-z0-9_.]`, alphanumeric at both ends), else `x` + the FNV-64a hash of the value in hex,
 topograph's rule for long values (applied here to invalid characters too).
 
-Ownership: the keys written are recorded on the node in the `<prefix>owned-labels` annotation.
-A key the node already carries that is not recorded there belongs to someone else and is never
-changed or removed (`plan_patch` reports it as foreign). The `topology-generation` counter
-lives on the node too (with the `<prefix>topology-fingerprint` annotation it counts changes
-of), so a restarted aggregator continues it rather than starting over at 1.
+Ownership is the API server's own record (`metadata.managedFields`): labels are written with
+server-side apply under the field manager `gputopo`, never forced (`plan_patch` plans what to
+apply). A key the node carries that `gputopo` does not own belongs to someone else and is never
+changed or removed: it is reported as foreign, and read as a source like any other label. When
+another manager (topograph, a person with kubectl) changes a key `gputopo` set, the server
+hands the key to that manager, and from then on it is theirs: no label war. The
+`topology-generation` counter lives on the node too (with the `<prefix>topology-fingerprint`
+annotation it counts changes of), so a restarted aggregator continues it rather than starting
+over at 1.
 """
 
 from __future__ import annotations
@@ -110,11 +114,6 @@ class LabelScheme:
     def own(self, name: str) -> str:
         """A key under the project's prefix."""
         return f"{self.prefix}{name}"
-
-    @property
-    def owned_annotation(self) -> str:
-        """Annotation listing the label keys this aggregator owns on a node."""
-        return self.own("owned-labels")
 
     @property
     def fingerprint_annotation(self) -> str:
@@ -224,16 +223,23 @@ def desired_labels(facts: NodeFacts, scheme: LabelScheme) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class LabelPatch:
-    """What to send for one node: label and annotation changes (None removes), and the keys
-    skipped because someone else owns them."""
+    """What to apply to one node, and what that changes.
+
+    `apply_labels`/`apply_annotations` are the whole of what gputopo claims after the apply
+    (server-side apply removes an owned key left out); `labels`/`annotations` are the changes
+    that makes (None removes), for logs and `--dry-run`; `foreign` the desired keys skipped
+    because another manager owns them.
+    """
 
     labels: Mapping[str, str | None] = field(default_factory=dict)
     annotations: Mapping[str, str | None] = field(default_factory=dict)
     foreign: tuple[str, ...] = ()
+    apply_labels: Mapping[str, str] = field(default_factory=dict)
+    apply_annotations: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
-        """Nothing to send."""
+        """Nothing changes: no apply is needed."""
         return not self.labels and not self.annotations
 
     def describe(self, current: Mapping[str, str]) -> list[str]:
@@ -249,47 +255,54 @@ class LabelPatch:
         return lines
 
 
-def owned_keys(annotations: Mapping[str, str], scheme: LabelScheme) -> frozenset[str]:
-    """The label keys a node's ownership annotation lists."""
-    raw = annotations.get(scheme.owned_annotation, "")
-    return frozenset(k for k in raw.split(",") if k)
-
-
 def plan_patch(
     *,
     labels: Mapping[str, str],
-    annotations: Mapping[str, str],
+    managers: Mapping[str, frozenset[str]],
+    me: str,
     desired: Mapping[str, str],
-    scheme: LabelScheme,
+    annotations: Mapping[str, str] | None = None,
+    annotation_managers: Mapping[str, frozenset[str]] | None = None,
     extra_annotations: Mapping[str, str] | None = None,
     keep: Iterable[str] = (),
 ) -> LabelPatch:
-    """The patch from a node's current labels to `desired`, touching only owned keys.
+    """What manager `me` applies to move a node's labels to `desired`, touching only its own.
 
-    1. A desired key the node carries but we do not own is foreign: left alone.
-    2. A desired key that is missing or differs is set (and owned from then on).
-    3. An owned key no longer desired is removed, unless listed in `keep`.
-    4. The ownership annotation (and `extra_annotations`) are updated when they differ.
+    1. A desired key the node carries that `me` does not own is foreign: left alone.
+    2. So is one `me` shares with another manager when the value would change (an apply
+       without force cannot take it, and must not).
+    3. Otherwise a desired key is applied (and owned from then on).
+    4. An owned key no longer desired is left out of the apply, so the server removes it,
+       unless listed in `keep` (applied as it is) or another manager owns it too (it stays).
+    5. Annotations: `extra_annotations` are applied; annotations `me` owns that are not in it
+       are kept as they are (a stale node keeps its fingerprint).
     """
-    owned = owned_keys(annotations, scheme)
+    annotations = annotations or {}
+    apply: dict[str, str] = {}
     out: dict[str, str | None] = {}
     foreign = []
-    now_owned = set(owned & set(keep))
     for key, value in desired.items():
-        if key in labels and key not in owned:
+        owners = managers.get(key, frozenset())
+        if key in labels and (me not in owners or (owners - {me} and labels[key] != value)):
             foreign.append(key)
             continue
-        now_owned.add(key)
+        apply[key] = value
         if labels.get(key) != value:
             out[key] = value
-    for key in owned - set(desired) - set(keep):
-        if key in labels:
+    owned = {k for k, who in managers.items() if me in who and k in labels}
+    for key in sorted(owned - set(apply)):
+        if key in keep:
+            apply[key] = labels[key]
+        elif key not in foreign and not managers[key] - {me}:
             out[key] = None
-    ann: dict[str, str | None] = {}
-    wanted_owned = ",".join(sorted(now_owned))
-    if annotations.get(scheme.owned_annotation, "") != wanted_owned:
-        ann[scheme.owned_annotation] = wanted_owned or None
-    for key, value in (extra_annotations or {}).items():
-        if annotations.get(key) != value:
-            ann[key] = value
-    return LabelPatch(labels=out, annotations=ann, foreign=tuple(sorted(foreign)))
+    mine_ann = {k for k, who in (annotation_managers or {}).items() if me in who}
+    apply_ann = {k: annotations[k] for k in mine_ann if k in annotations}
+    apply_ann |= dict(extra_annotations or {})
+    ann: dict[str, str | None] = {k: v for k, v in apply_ann.items() if annotations.get(k) != v}
+    return LabelPatch(
+        labels=out,
+        annotations=ann,
+        foreign=tuple(sorted(foreign)),
+        apply_labels=apply,
+        apply_annotations=apply_ann,
+    )

@@ -22,10 +22,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 
-from aggregator.labels import LabelScheme, owned_keys
+from aggregator.labels import LabelScheme
 from aggregator.state import ClusterState
 from gputopo.runtime.informer import node_informer
-from gputopo.runtime.kube import KubeClient, NodeObject
+from gputopo.runtime.kube import FIELD_MANAGER, KubeClient, NodeObject
 
 __all__ = ["NodeListener", "NodeWatcher"]
 
@@ -66,9 +66,7 @@ class NodeWatcher:
         await self.informer.run()
 
     def _seen(self, node: NodeObject, relisted: bool) -> None:
-        self.state.set_labels(
-            node.name, node.labels, owned=owned_keys(node.annotations, self.scheme)
-        )
+        self.state.set_labels(node.name, node.labels, owned=node.labels_of(FIELD_MANAGER))
         for listener in list(self._listeners):
             listener(node, relisted)
 

@@ -5,14 +5,17 @@ How it runs (`LabelPublisher.run`, only while this replica leads):
 
 1. Follow the Node objects the Node watcher (`aggregator.nodewatch`, on every replica) keeps;
    the watcher, not the publisher, gives their labels to the state.
-2. Wait until the state is warm: every node this aggregator labelled before (it carries our
-   ownership annotation) has reported again, or `stale_after_s` has passed. A new leader or a
-   restarted aggregator therefore compares against a complete state and patches nothing when
-   nothing changed, instead of relabelling from a half-rebuilt one.
+2. Wait until the state is warm: every node this aggregator labelled before (its
+   managedFields name the field manager `gputopo`) has reported again, or `stale_after_s`
+   has passed. A new leader or a restarted aggregator therefore compares against a complete
+   state and patches nothing when nothing changed, instead of relabelling from a half-rebuilt
+   one.
 3. A node becomes dirty when its state or its Node object changes. After `settle_s` (reports of
    one rack coalesce) a worker computes the desired labels (`aggregator.labels`), plans the
-   patch and sends it as a JSON merge patch conditional on the resource version it read.
-   409 ConflictError: read the Node again and re-plan. 429 (or 503 with Retry-After): wait as told.
+   apply and sends it as a server-side apply (field manager `gputopo`, never forced)
+   conditional on the resource version it read. 409 ConflictError (the Node changed, or
+   another manager took a key meanwhile): read the Node again and re-plan. 429 (or 503 with
+   Retry-After): wait as told.
    Every patch first takes a token from the rate limiter.
 4. A labelled node that has not reported since the warm-up gets `stale=true`; its other labels
    stay as they were (nothing better is known).
@@ -30,6 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TextIO
 
 from aggregator.changes import ChangeEvent, ChangeKind
@@ -39,13 +43,13 @@ from aggregator.labels import (
     NodeFacts,
     desired_labels,
     fingerprint,
-    owned_keys,
     plan_patch,
 )
 from aggregator.nodewatch import NodeWatcher
 from aggregator.state import ClusterState
 from gputopo.domains import NVLINK
 from gputopo.runtime.kube import (
+    FIELD_MANAGER,
     ConflictError,
     KubeClient,
     KubeError,
@@ -122,6 +126,7 @@ class LabelPublisher:
         self._node_domain: dict[str, str] = {}
         self._domain_totals: dict[str, int] = {}
         self._ambiguous: dict[tuple[int, str], bool] = {}
+        self._told: set[tuple[str, str]] = set()
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -241,7 +246,7 @@ class LabelPublisher:
         waiting = [
             name
             for name, node in self.cache.items()
-            if owned_keys(node.annotations, self.scheme) and self.state.record(name) is None
+            if node.labels_of(FIELD_MANAGER) and self.state.record(name) is None
         ]
         if not waiting or now - self._started > self.state.stale_after_s:
             self.stats.warm = True
@@ -277,17 +282,20 @@ class LabelPublisher:
             return None
         rec = self.state.record(name)
         scheme = self.scheme
+        owned = node.labels_of(FIELD_MANAGER)
+        plan = partial(
+            plan_patch,
+            labels=node.labels,
+            managers=node.label_managers,
+            me=FIELD_MANAGER,
+            annotations=node.annotations,
+            annotation_managers=node.annotation_managers,
+        )
         if rec is None:
-            if not owned_keys(node.annotations, scheme):
+            if not owned:
                 return None
             # Labelled before, silent since the warm-up: say it is stale, keep the rest.
-            return plan_patch(
-                labels=node.labels,
-                annotations=node.annotations,
-                desired={scheme.stale_key: "true"},
-                scheme=scheme,
-                keep=owned_keys(node.annotations, scheme),
-            )
+            return plan(desired={scheme.stale_key: "true"}, keep=owned)
         fp = fingerprint(rec.topology)
         generation = _int(node.labels.get(scheme.generation_key, ""))
         if node.annotations.get(scheme.fingerprint_annotation) != fp or generation < 1:
@@ -295,11 +303,8 @@ class LabelPublisher:
         facts = node_facts(self.state, name, generation=generation)
         if facts is None:
             return None
-        return plan_patch(
-            labels=node.labels,
-            annotations=node.annotations,
+        return plan(
             desired=desired_labels(facts, scheme),
-            scheme=scheme,
             extra_annotations={scheme.fingerprint_annotation: fp},
         )
 
@@ -315,21 +320,22 @@ class LabelPublisher:
         attempts = throttles = 0
         while attempts < self.config.max_attempts and throttles < 10 * self.config.max_attempts:
             patch = self.plan(name)
-            if patch is None or patch.empty:
+            if patch is None:
                 return
-            for key in patch.foreign:
-                self.stats.foreign[key] += 1
             node = self.cache[name]
+            self._foreign(name, node, patch.foreign)
+            if patch.empty:
+                return
             self.stats.planned += 1
             if self.config.dry_run:
                 self._print(name, node, patch)
                 return
             await self.limiter.acquire()
             try:
-                updated = await self.kube.patch_node_metadata(
+                updated = await self.kube.apply_node_metadata(
                     name,
-                    labels=patch.labels,
-                    annotations=patch.annotations,
+                    labels=patch.apply_labels,
+                    annotations=patch.apply_annotations,
                     resource_version=node.resource_version,
                 )
             except ConflictError:
@@ -351,6 +357,23 @@ class LabelPublisher:
             self._seen(updated)
             return
         raise KubeError(0, f"gave up labelling {name} after {attempts + throttles} attempts")
+
+    def _foreign(self, name: str, node: NodeObject, keys: tuple[str, ...]) -> None:
+        """Count the keys left to their owners, and say so once per node and key: an operator
+        who wonders why gputopo's value is not there learns whose is, and that it is read."""
+        for key in keys:
+            self.stats.foreign[key] += 1
+            if (name, key) in self._told:
+                continue
+            self._told.add((name, key))
+            owners = ", ".join(sorted(node.label_managers.get(key, ()))) or "an unknown manager"
+            log.info(
+                "node %s: label %s=%s belongs to %s; gputopo leaves it and reads it as a source",
+                name,
+                key,
+                node.labels.get(key, ""),
+                owners,
+            )
 
     def _print(self, name: str, node: NodeObject, patch: LabelPatch) -> None:
         key = tuple(sorted(patch.labels.items()))

@@ -30,6 +30,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 __all__ = [
+    "APPLY_PATCH",
+    "FIELD_MANAGER",
     "ConflictError",
     "GoneError",
     "KubeClient",
@@ -45,6 +47,9 @@ log = logging.getLogger(__name__)
 _TIMEOUT = (5.0, 30.0)  # connect, read (seconds)
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply (JSON is valid YAML)
+# The field manager gputopo's server-side applies are recorded under (Node labels).
+FIELD_MANAGER = "gputopo"
 
 
 class KubeError(Exception):
@@ -85,6 +90,14 @@ class NodeObject:
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     annotations: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     resource_version: str = ""
+    # label key -> the field managers that own it (metadata.managedFields), and the same for
+    # annotations: who set what, as the API server records it for server-side apply.
+    label_managers: Mapping[str, frozenset[str]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    annotation_managers: Mapping[str, frozenset[str]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> NodeObject:
@@ -95,7 +108,31 @@ class NodeObject:
             labels=MappingProxyType(dict(meta.get("labels") or {})),
             annotations=MappingProxyType(dict(meta.get("annotations") or {})),
             resource_version=str(meta.get("resourceVersion", "")),
+            label_managers=_managers(meta.get("managedFields"), "f:labels"),
+            annotation_managers=_managers(meta.get("managedFields"), "f:annotations"),
         )
+
+    def labels_of(self, manager: str) -> frozenset[str]:
+        """The label keys `manager` owns."""
+        return frozenset(k for k, who in self.label_managers.items() if manager in who)
+
+    def annotations_of(self, manager: str) -> frozenset[str]:
+        """The annotation keys `manager` owns."""
+        return frozenset(k for k, who in self.annotation_managers.items() if manager in who)
+
+
+def _managers(entries: Any, section: str) -> Mapping[str, frozenset[str]]:
+    """key -> managers, from `metadata.managedFields` (fieldsV1: {"f:metadata": {"f:labels":
+    {"f:KEY": {}}}}; see the ManagedFieldsEntry type in apimachinery's meta/v1 types.go)."""
+    out: dict[str, set[str]] = {}
+    for entry in entries or ():
+        if not isinstance(entry, Mapping) or entry.get("fieldsType", "FieldsV1") != "FieldsV1":
+            continue
+        fields = ((entry.get("fieldsV1") or {}).get("f:metadata") or {}).get(section) or {}
+        for key in fields:
+            if key.startswith("f:"):
+                out.setdefault(key[2:], set()).add(str(entry.get("manager", "")))
+    return MappingProxyType({k: frozenset(v) for k, v in out.items()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +360,41 @@ class KubeClient:
             f"/api/v1/nodes/{quote(name)}",
             body={"metadata": metadata},
             content_type=MERGE_PATCH,
+        )
+        return NodeObject.from_json(result)
+
+    async def apply_node_metadata(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str],
+        annotations: Mapping[str, str],
+        resource_version: str,
+        manager: str = FIELD_MANAGER,
+    ) -> NodeObject:
+        """Server-side apply of the labels and annotations `manager` owns, never forced.
+
+        What is given is the whole of what `manager` claims: a key it owned and leaves out is
+        removed (unless another manager owns it too). A key another manager owns with a
+        different value is a conflict, 409 `ConflictError`, and nothing is written; so is a
+        Node changed since `resource_version` was read.
+        """
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "resourceVersion": resource_version,
+                "labels": dict(labels),
+                "annotations": dict(annotations),
+            },
+        }
+        result = await self.request(
+            "PATCH",
+            f"/api/v1/nodes/{quote(name)}",
+            query={"fieldManager": manager},
+            body=body,
+            content_type=APPLY_PATCH,
         )
         return NodeObject.from_json(result)
 

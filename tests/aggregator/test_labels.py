@@ -22,7 +22,6 @@ from gputopo.topology import FabricPosition, Measurement
 from tests.builders import nvswitch_node, pcie_node
 
 SCHEME = LabelScheme()
-OWNED = SCHEME.owned_annotation
 
 
 @pytest.mark.parametrize(
@@ -193,67 +192,110 @@ def test_the_fingerprint_ignores_measurements_but_not_health() -> None:
 class PatchCase:
     id: str
     labels: dict[str, str]
-    owned: str | None
+    # label key -> its field managers ("me" is gputopo), as metadata.managedFields says
+    managers: dict[str, frozenset[str]]
     desired: dict[str, str]
-    want_labels: dict[str, str | None]
-    want_owned: str | None = None  # the new annotation value; None: unchanged
+    want_changes: dict[str, str | None]
+    want_apply: dict[str, str]
     want_foreign: tuple[str, ...] = ()
     keep: tuple[str, ...] = field(default=())
 
 
+ME = frozenset({"me"})
+TOPOGRAPH = frozenset({"topograph"})
+BOTH = frozenset({"me", "topograph"})
+
 PATCHES = [
     PatchCase(
-        "a fresh node gets every label and the ownership record",
+        "a fresh node gets every label, and owns them by applying them",
         {"kubernetes.io/hostname": "n1"},
-        None,
+        {"kubernetes.io/hostname": frozenset({"kubelet"})},
         {"a/x": "1", "a/y": "2"},
         {"a/x": "1", "a/y": "2"},
-        want_owned="a/x,a/y",
+        {"a/x": "1", "a/y": "2"},
     ),
     PatchCase(
-        "nothing to do when the node already carries what we want",
+        "nothing changes when the node already carries what we want",
         {"a/x": "1"},
-        "a/x",
+        {"a/x": ME},
         {"a/x": "1"},
         {},
+        {"a/x": "1"},
     ),
     PatchCase(
-        "only the value that changed is sent",
+        "only the value that changed is a change; the apply names all we own",
         {"a/x": "1", "a/y": "2"},
-        "a/x,a/y",
+        {"a/x": ME, "a/y": ME},
         {"a/x": "1", "a/y": "3"},
         {"a/y": "3"},
+        {"a/x": "1", "a/y": "3"},
     ),
     PatchCase(
-        "a label someone else wrote is neither changed nor claimed",
+        "a label another manager set is neither changed nor claimed",
         {"fabric.topograph.run/tier-0": "theirs", "team": "ml"},
-        None,
+        {"fabric.topograph.run/tier-0": TOPOGRAPH, "team": frozenset({"kubectl"})},
         {"fabric.topograph.run/tier-0": "ours", "a/x": "1"},
         {"a/x": "1"},
-        want_owned="a/x",
+        {"a/x": "1"},
         want_foreign=("fabric.topograph.run/tier-0",),
     ),
     PatchCase(
-        "an owned label no longer wanted is removed, a foreign one never",
+        "a key we wrote that topograph then changed is theirs now: not reverted",
+        {"fabric.topograph.run/tier-0": "theirs"},
+        {"fabric.topograph.run/tier-0": TOPOGRAPH},
+        {"fabric.topograph.run/tier-0": "ours"},
+        {},
+        {},
+        want_foreign=("fabric.topograph.run/tier-0",),
+    ),
+    PatchCase(
+        "a key shared with another manager is not changed without force",
+        {"a/x": "1"},
+        {"a/x": BOTH},
+        {"a/x": "2"},
+        {},
+        {},
+        want_foreign=("a/x",),
+    ),
+    PatchCase(
+        "a key shared with another manager, same value, stays ours too",
+        {"a/x": "1"},
+        {"a/x": BOTH},
+        {"a/x": "1"},
+        {},
+        {"a/x": "1"},
+    ),
+    PatchCase(
+        "an owned label no longer wanted is left out (removed); a foreign one never",
         {"a/old": "1", "team": "ml", "a/x": "1"},
-        "a/old,a/x",
+        {"a/old": ME, "a/x": ME, "team": frozenset({"kubectl"})},
         {"a/x": "1"},
         {"a/old": None},
-        want_owned="a/x",
+        {"a/x": "1"},
+    ),
+    PatchCase(
+        "an owned label no longer wanted that another also owns stays (not a change)",
+        {"a/old": "1", "a/x": "1"},
+        {"a/old": BOTH, "a/x": ME},
+        {"a/x": "1"},
+        {},
+        {"a/x": "1"},
     ),
     PatchCase(
         "an owned label someone deleted is written again",
         {},
-        "a/x",
+        {},
+        {"a/x": "1"},
         {"a/x": "1"},
         {"a/x": "1"},
     ),
     PatchCase(
         "kept keys stay owned and in place (a stale node keeps its other labels)",
         {"a/x": "1", "a/stale": "false"},
-        "a/stale,a/x",
+        {"a/x": ME, "a/stale": ME},
         {"a/stale": "true"},
         {"a/stale": "true"},
+        {"a/x": "1", "a/stale": "true"},
         keep=("a/stale", "a/x"),
     ),
 ]
@@ -261,38 +303,81 @@ PATCHES = [
 
 @pytest.mark.parametrize("case", PATCHES, ids=[c.id for c in PATCHES])
 def test_patches_touch_only_owned_labels(case: PatchCase) -> None:
-    annotations = {OWNED: case.owned} if case.owned is not None else {}
     patch = plan_patch(
         labels=case.labels,
-        annotations=annotations,
+        managers=case.managers,
+        me="me",
         desired=case.desired,
-        scheme=SCHEME,
         keep=case.keep,
     )
-    assert dict(patch.labels) == case.want_labels
+    assert dict(patch.labels) == case.want_changes
+    assert dict(patch.apply_labels) == case.want_apply
     assert patch.foreign == case.want_foreign
-    assert patch.annotations.get(OWNED) == case.want_owned
-    foreign = set(case.labels) - set((case.owned or "").split(","))
-    assert not foreign & set(patch.labels), "a label we do not own was touched"
+    theirs = {k for k, who in case.managers.items() if "me" not in who}
+    assert not theirs & set(patch.apply_labels), "a label we do not own was claimed"
+
+
+def test_annotations_we_own_are_kept_and_extra_ones_applied() -> None:
+    patch = plan_patch(
+        labels={},
+        managers={},
+        me="me",
+        desired={},
+        annotations={"a/fp": "old", "other": "x"},
+        annotation_managers={"a/fp": ME, "other": TOPOGRAPH},
+    )
+    assert dict(patch.apply_annotations) == {"a/fp": "old"}
+    assert patch.empty
+    patch = plan_patch(
+        labels={},
+        managers={},
+        me="me",
+        desired={},
+        annotations={"a/fp": "old"},
+        annotation_managers={"a/fp": ME},
+        extra_annotations={"a/fp": "new"},
+    )
+    assert dict(patch.annotations) == {"a/fp": "new"}
+
+
+def _apply(
+    labels: dict[str, str], managers: dict[str, frozenset[str]], apply: dict[str, str]
+) -> tuple[dict[str, str], dict[str, frozenset[str]]]:
+    """What the API server does with a non-forced apply by "me" (structured-merge-diff): the
+    applied keys are set and owned; a key "me" owned and left out loses "me", and is removed
+    when nobody else owns it."""
+    after, owners = dict(labels), {k: set(v) for k, v in managers.items()}
+    for key, value in apply.items():
+        assert not (owners.get(key, set()) - {"me"} and labels.get(key, value) != value), (
+            f"{key}: the apply would conflict"
+        )
+        after[key] = value
+        owners.setdefault(key, set()).add("me")
+    for key in [k for k, who in owners.items() if "me" in who and k not in apply]:
+        owners[key].discard("me")
+        if not owners[key]:
+            del owners[key]
+            after.pop(key, None)
+    return after, {k: frozenset(v) for k, v in owners.items()}
 
 
 @given(
     st.dictionaries(st.sampled_from("abcdef"), st.sampled_from("123"), max_size=6),
-    st.sets(st.sampled_from("abcdef")),
+    st.dictionaries(st.sampled_from("abcdef"), st.sampled_from([ME, TOPOGRAPH, BOTH]), max_size=6),
     st.dictionaries(st.sampled_from("abcdef"), st.sampled_from("123"), max_size=6),
 )
 def test_applying_a_plan_reaches_the_wanted_state_and_a_second_plan_is_empty(
-    labels: dict[str, str], owned: set[str], desired: dict[str, str]
+    labels: dict[str, str], managers: dict[str, frozenset[str]], desired: dict[str, str]
 ) -> None:
-    owned &= set(labels)
-    annotations = {OWNED: ",".join(sorted(owned))} if owned else {}
-    patch = plan_patch(labels=labels, annotations=annotations, desired=desired, scheme=SCHEME)
-    after = {**labels, **{k: v for k, v in patch.labels.items() if v is not None}}
-    after = {k: v for k, v in after.items() if patch.labels.get(k, "") is not None}
-    ann = {**annotations, **{k: v for k, v in patch.annotations.items() if v is not None}}
-    ann = {k: v for k, v in ann.items() if patch.annotations.get(k, "") is not None}
-    foreign = set(labels) - owned
-    assert {k: after[k] for k in foreign} == {k: labels[k] for k in foreign}
-    assert all(after.get(k) == v for k, v in desired.items() if k not in foreign)
-    again = plan_patch(labels=after, annotations=ann, desired=desired, scheme=SCHEME)
+    managers = {k: v for k, v in managers.items() if k in labels}
+    patch = plan_patch(labels=labels, managers=managers, me="me", desired=desired)
+    after, owners = _apply(labels, managers, dict(patch.apply_labels))
+    theirs = {k for k, who in managers.items() if who - {"me"}}
+    unowned = set(labels) - set(managers)
+    for key in theirs | unowned:
+        assert after.get(key) == labels[key], "a label someone else owns changed"
+    for key, value in desired.items():
+        if key not in theirs and key not in unowned:
+            assert after.get(key) == value
+    again = plan_patch(labels=after, managers=owners, me="me", desired=desired)
     assert again.empty

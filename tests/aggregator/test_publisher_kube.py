@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from aggregator.labels import LabelScheme
 from aggregator.server import KubeOptions
 from gputopo.machines import with_gpu_fabric
-from gputopo.runtime.kube import KubeClient, NodeObject
+from gputopo.runtime.kube import FIELD_MANAGER, MERGE_PATCH, KubeClient, NodeObject
 from gputopo.topology import NodeTopology
 from tests.aggregator.kubeutil import (
     aggregator,
@@ -84,7 +87,7 @@ def expected(topo: NodeTopology, rack_gpus: int) -> dict[str, str]:
 
 
 def owned(node: NodeObject) -> set[str]:
-    return set(node.annotations.get(SCHEME.owned_annotation, "").split(","))
+    return set(node.labels_of(FIELD_MANAGER))
 
 
 def test_200_simulated_nodes_converge_and_foreign_labels_stay(
@@ -241,46 +244,78 @@ def test_a_node_that_stops_reporting_is_labelled_stale(
     run(body())
 
 
-def test_a_conflict_is_read_again_and_retried(
-    kube_apiserver: KubeApiServer, kube_scope: KubeScope
+def test_a_label_another_manager_changes_is_theirs_and_never_reverted(
+    kube_apiserver: KubeApiServer, kube_scope: KubeScope, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The label war of issue 12: topograph set its own tier key (and a person one of ours) after
+    gputopo had applied them. The server hands those keys to their new managers; gputopo leaves
+    them, says whose they are, and reads them; the rest stays gputopo's."""
     (topo,) = cluster(kube_scope, spines=1, leaves=1, nodes=1)
+    tier0 = "fabric.topograph.run/tier-0"
 
     async def body() -> None:
         await create_nodes(kube_apiserver, [topo.name])
-        async with aggregator(kube_apiserver) as agg, exporters(agg, [topo]):
+        options = KubeOptions(publisher=fast_publisher(settle_s=0.2))
+        async with aggregator(kube_apiserver, options=options) as agg, exporters(agg, [topo]):
             publisher = agg.publisher
             assert publisher is not None
             await publisher.wait_idle(30)
-            # Someone else changes one of our labels (and adds one): we restore ours.
-            stale_view = publisher.cache[topo.name]
+            before = (await read_nodes(kube_apiserver, kube_scope.prefix))[topo.name]
+            assert tier0 in owned(before)
+            assert "gputopo.io/gpu-count" in owned(before)
+            assert before.label_managers[tier0] == {FIELD_MANAGER}  # applied, by gputopo alone
             client = KubeClient(kube_apiserver.api_client())
-            await client.patch_node_metadata(
-                topo.name,
-                labels={"gputopo.io/gpu-count": "3", "team": "infra"},
-                annotations={},
-                resource_version=stale_view.resource_version,
+            await client.request(
+                "PATCH",
+                f"/api/v1/nodes/{topo.name}",
+                query={"fieldManager": "topograph"},
+                body={"metadata": {"labels": {tier0: "set-by-topograph"}}},
+                content_type=MERGE_PATCH,
             )
-            client.close()
+            await client.request(
+                "PATCH",
+                f"/api/v1/nodes/{topo.name}",
+                query={"fieldManager": "kubectl-edit"},
+                body={"metadata": {"labels": {"gputopo.io/gpu-count": "3", "team": "infra"}}},
+                content_type=MERGE_PATCH,
+            )
 
-            async def restored() -> bool:
-                node = (await read_nodes(kube_apiserver, kube_scope.prefix))[topo.name]
-                return node.labels.get("gputopo.io/gpu-count") == "8"
+            async def told() -> bool:
+                return publisher.stats.foreign[tier0] > 0
 
-            await eventually(restored, timeout_s=10, what="our label restored")
-            # Acting on a view that is out of date: the conditional patch gets 409, the
-            # publisher reads the node again and patches what is really there.
+            await eventually(told, timeout_s=20, what="the publisher to see topograph's key")
+            await publisher.wait_idle(30)
+            await asyncio.sleep(1.5)  # longer than settling: a revert would have happened
+            node = (await read_nodes(kube_apiserver, kube_scope.prefix))[topo.name]
+            assert node.labels[tier0] == "set-by-topograph"
+            assert node.labels["gputopo.io/gpu-count"] == "3"
+            assert node.label_managers[tier0] == {"topograph"}
+            assert node.label_managers["gputopo.io/gpu-count"] == {"kubectl-edit"}
+            assert owned(node) == owned(before) - {tier0, "gputopo.io/gpu-count"}
+            for key in owned(node):  # the rest is kept
+                assert node.labels[key] == before.labels[key], key
+            assert "belongs to topograph; gputopo leaves it and reads it as a source" in caplog.text
+            # Read as a source: the labels source now names topograph's value for the leaf.
+            rec = agg.state.record(topo.name)
+            assert rec is not None
+            assert rec.resolution is not None
+            assert "labels/topograph" in [c.ignored_source for c in rec.resolution.conflicts]
+
+            # Acting on a view that is out of date (it still believes gpu-count is gputopo's
+            # and wrong): the conditional apply gets 409, the publisher reads the node again,
+            # finds the key is someone else's, and sends nothing.
+            stale_view = replace(before, labels={**before.labels, "gputopo.io/gpu-count": "7"})
             conflicts = publisher.stats.conflicts
-            publisher.cache[topo.name] = replace(
-                stale_view, labels={**stale_view.labels, "gputopo.io/gpu-count": "7"}
-            )
+            publisher.cache[topo.name] = stale_view
             await publisher.reconcile(topo.name)
             assert publisher.stats.conflicts > conflicts
             node = (await read_nodes(kube_apiserver, kube_scope.prefix))[topo.name]
-            assert node.labels["gputopo.io/gpu-count"] == "8"
+            assert node.labels["gputopo.io/gpu-count"] == "3"
             assert node.labels["team"] == "infra"
+            client.close()
 
-    run(body())
+    with caplog.at_level(logging.INFO, logger="aggregator.publisher"):
+        run(body())
 
 
 def test_dry_run_prints_the_patches_and_writes_nothing(
