@@ -15,6 +15,7 @@ from aggregator.publisher import PublisherConfig
 from aggregator.server import Aggregator, AggregatorConfig, KubeOptions
 from exporter.simulate import SimulatedExporters
 from gputopo.runtime.kube import KubeClient, NodeObject, ThrottledError
+from gputopo.runtime.tls import TlsFiles
 from gputopo.topology import NodeTopology
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
@@ -44,8 +45,10 @@ async def aggregator(
     inventory_path: str | None = None,
     out: TextIO | None = None,
     http_port: int | None = None,
+    tls: TlsFiles | None = None,
 ) -> AsyncIterator[Aggregator]:
-    """An aggregator with a Kubernetes client of its own, stopped (gracefully) on exit."""
+    """An aggregator with a Kubernetes client of its own, stopped (gracefully) on exit; with
+    `tls`, over mutual TLS and taking reports only from node certificates."""
     client = KubeClient(kube.api_client(token, impersonate=impersonate))
     agg = Aggregator(
         AggregatorConfig(
@@ -55,6 +58,8 @@ async def aggregator(
             inventory_path=inventory_path,
             http_port=http_port,
             kube=options or KubeOptions(publisher=fast_publisher()),
+            tls=tls,
+            require_node_identity=tls is not None,
         ),
         kube=client,
         out=out,
