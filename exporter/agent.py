@@ -55,7 +55,7 @@ from gputopo import __version__
 from gputopo.gpu_use import GpuUse
 from gputopo.runtime.backoff import Backoff
 from gputopo.runtime.http import HttpServer, ProbeResult
-from gputopo.runtime.tls import TlsFiles, ssl_server_context
+from gputopo.runtime.tls import ROTATION_CHECK_S, TlsFiles, follow_rotation, ssl_server_context
 from gputopo.topology import NodeTopology, NvmlStatus
 
 __all__ = ["Agent", "AgentConfig"]
@@ -92,6 +92,7 @@ class AgentConfig:
     peer_probes: bool = True
     # Mutual TLS to the aggregator and on /metrics (`gputopo.runtime.tls`); None is plain text.
     tls: TlsFiles | None = None
+    tls_check_s: float = ROTATION_CHECK_S  # how often the client certificate is looked at
     probe_schedule: ProbeSchedule = field(default_factory=ProbeSchedule)
     health: HealthPolicy = field(default_factory=HealthPolicy)
     # The kubelet's pod-resources socket; None: do not ask the kubelet what is held.
@@ -220,6 +221,11 @@ class Agent:
                 gpu_use=lambda: self.gpu_use,
             )
             self._spawn(self.stream.run(), "report-stream")
+            if self.config.tls is not None:
+                rotation = follow_rotation(
+                    self.config.tls, self._renew_channel, interval_s=self.config.tls_check_s
+                )
+                self._spawn(rotation, "tls-rotation")
             if self.config.peer_probes:
                 self._spawn(self._peer_probe_loop(), "peer-probes")
         log.info(
@@ -231,6 +237,17 @@ class Agent:
             self.probe_port,
             self.config.aggregator or "(nobody)",
         )
+
+    async def _renew_channel(self) -> None:
+        """A new channel with the renewed certificate; the old one closes, ending its call."""
+        assert self.stream is not None
+        old, self._channel = (
+            self._channel,
+            report_channel(self.config.aggregator, self.config.backoff, tls=self.config.tls),
+        )
+        self.stream.use_channel(self._channel)
+        if old is not None:
+            await old.close(grace=1.0)
 
     async def stop(self) -> None:
         """Stop everything started, in reverse order."""

@@ -123,6 +123,11 @@ class ReportStream:
         self.stats = StreamStats()
         self.acked = asyncio.Event()  # set after the first ack of each connection
 
+    def use_channel(self, channel: grpc.aio.Channel) -> None:
+        """Report over `channel` from the next connection on (a renewed client certificate);
+        the caller closes the old one, which ends the current call and so reconnects."""
+        self._stub = rgrpc.ReporterStub(channel)
+
     def changed(self) -> None:
         """The topology changed: send a delta now."""
         self._wake.set()

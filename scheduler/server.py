@@ -20,7 +20,7 @@ from gputopo.runtime.http import HttpServer, ProbeResult
 from gputopo.runtime.kube import KubeClient
 from gputopo.runtime.leader import LeaderElector, LeaseConfig
 from gputopo.runtime.placement_client import PlacementClient
-from gputopo.runtime.tls import TlsFiles, ssl_server_context
+from gputopo.runtime.tls import ROTATION_CHECK_S, TlsFiles, follow_rotation, ssl_server_context
 from scheduler.binder import Binder, BinderConfig
 from scheduler.metrics import SchedulerCollector, SchedulerStats
 
@@ -40,6 +40,7 @@ class SchedulerProcessConfig:
     http_host: str = "0.0.0.0"
     http_port: int | None = None
     tls: TlsFiles | None = None  # mutual TLS to the aggregator and on /metrics; None: plain text
+    tls_check_s: float = ROTATION_CHECK_S  # how often the client certificate is looked at
 
 
 class SchedulerProcess:
@@ -66,8 +67,23 @@ class SchedulerProcess:
             )
             port = await self.http.start(cfg.http_host, cfg.http_port)
             log.info("metrics and probes on %s:%d", cfg.http_host, port)
-        async with grpcio.channel(cfg.aggregator, tls=cfg.tls) as channel:
-            placement = PlacementClient(channel)
+        channels = [grpcio.channel(cfg.aggregator, tls=cfg.tls)]
+        placement = PlacementClient(channels[0])
+
+        async def renew() -> None:
+            """A renewed client certificate: later calls use a new channel; calls in flight
+            finish on the old one, which then closes."""
+            channels.append(grpcio.channel(cfg.aggregator, tls=cfg.tls))
+            placement.use_channel(channels[-1])
+            old = channels.pop(0)
+            await old.close(grace=30.0)
+
+        rotation = (
+            asyncio.create_task(follow_rotation(cfg.tls, renew, interval_s=cfg.tls_check_s))
+            if cfg.tls is not None
+            else None
+        )
+        try:
 
             async def started() -> None:
                 log.info("%s leads: binding", cfg.identity)
@@ -100,6 +116,13 @@ class SchedulerProcess:
                 await self._stop_binder()
                 if self.http is not None:
                     await self.http.stop()
+        finally:
+            if rotation is not None:
+                rotation.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await rotation
+            for channel in channels:
+                await channel.close()
 
     def _ready(self) -> ProbeResult:
         leading = self.binder is not None

@@ -69,6 +69,10 @@ class PlacementClient:
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self._stub = pgrpc.PlacementStub(channel)
 
+    def use_channel(self, channel: grpc.aio.Channel) -> None:
+        """Make later calls over `channel` (a renewed client certificate)."""
+        self._stub = pgrpc.PlacementStub(channel)
+
     async def place(
         self, request: PlacementRequest, *, dry_run: bool = False, ttl_s: float | None = None
     ) -> PlaceAnswer:

@@ -12,11 +12,12 @@ open door this module exists to close.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -24,10 +25,12 @@ from typing import cast
 import grpc
 
 __all__ = [
+    "ROTATION_CHECK_S",
     "TlsFiles",
     "TlsUsageError",
     "add_tls_flags",
     "channel_credentials",
+    "follow_rotation",
     "server_credentials",
     "ssl_client_context",
     "ssl_server_context",
@@ -36,6 +39,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+# How often clients look at their TLS files (a stat of three files: cheap). cert-manager renews
+# at two thirds of a certificate's life, so even minutes would do; seconds keep tests short.
+ROTATION_CHECK_S = 10.0
 
 
 class TlsUsageError(ValueError):
@@ -63,9 +71,19 @@ class TlsFiles:
         return self.cert.read_bytes(), self.key.read_bytes(), self.ca.read_bytes()
 
 
-def add_tls_flags(parser: argparse.ArgumentParser) -> None:
-    """The same four flags on exporter, aggregator and scheduler (one spelling everywhere)."""
+def add_tls_flags(parser: argparse.ArgumentParser, *, client: bool = False) -> None:
+    """The same four flags on exporter, aggregator and scheduler (one spelling everywhere);
+    `client` adds how often a client looks for a renewed certificate."""
     group = parser.add_argument_group("transport security")
+    if client:
+        group.add_argument(
+            "--tls-check-interval",
+            type=float,
+            default=ROTATION_CHECK_S,
+            metavar="SECONDS",
+            help="look for renewed TLS files this often and reconnect with them"
+            " (default %(default)s)",
+        )
     group.add_argument("--tls-cert", type=Path, help="PEM certificate of this process")
     group.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     group.add_argument("--tls-ca", type=Path, help="PEM CA that signs every peer's certificate")
@@ -171,9 +189,8 @@ def channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
     """gRPC client credentials: present our certificate, trust only the CA's.
 
     Read once, when the channel is made: grpc keeps these credentials for the channel's life
-    and its reconnects, and the exporter and scheduler hold one channel per process. So a
-    renewed client certificate is used from the process's next start (a rollout when the
-    Secret changes); only the servers follow rotation in place.
+    and its reconnects. So clients follow rotation by making a new channel when the files
+    change (`follow_rotation`), which is what the exporter and the scheduler do.
     """
     cert, key, ca = files.read()
     return grpc.ssl_channel_credentials(
@@ -224,3 +241,28 @@ def ssl_server_context(files: TlsFiles) -> ssl.SSLContext:
 def ssl_client_context(files: TlsFiles) -> ssl.SSLContext:
     """An SSLContext for HTTPS clients (aiohttp, the extender's caller): mutual TLS."""
     return _context(files, ssl.Purpose.SERVER_AUTH)
+
+
+async def follow_rotation(
+    files: TlsFiles,
+    on_change: Callable[[], Awaitable[None]],
+    *,
+    interval_s: float = ROTATION_CHECK_S,
+) -> None:
+    """Call `on_change` each time the files have changed and load as a valid key pair, until
+    cancelled. A rotation caught half-written (unreadable, or a key that does not match the
+    certificate) is retried at the next check, never half-applied."""
+    stamp = files.stamp()
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            now = files.stamp()
+            if now == stamp:
+                continue
+            _context(files, ssl.Purpose.SERVER_AUTH)  # a mismatched pair fails here
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("TLS files changed but cannot be loaded yet (%s); retrying", exc)
+            continue
+        stamp = now
+        log.info("TLS files changed: reconnecting with the renewed certificate %s", files.cert)
+        await on_change()

@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="answer from a fake machine instead of NVML and /sys (see `gputopo machines`)",
     )
 
-    add_tls_flags(parser)
+    add_tls_flags(parser, client=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         config = AgentConfig(
             tls=tls,
+            tls_check_s=args.tls_check_interval,
             node_name=node_name,
             aggregator=args.aggregator,
             http_host=args.http_host,

@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-port", type=int, default=9404, help="0 for any free port")
     from gputopo.runtime.tls import add_tls_flags
 
-    add_tls_flags(parser)
+    add_tls_flags(parser, client=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         http_host=args.http_host,
         http_port=args.http_port,
         tls=tls,
+        tls_check_s=args.tls_check_interval,
     )
 
     async def main() -> None:
