@@ -47,6 +47,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from aggregator.probes import ProbeCoordinator
 from aggregator.state import ClusterState, ReportOutcome
+from aggregator.tokens import IdentityError, TokenNodes
 from gputopo.codec import (
     CodecError,
     delta_from_proto,
@@ -142,8 +143,11 @@ class ReporterService(rgrpc.ReporterServicer):
         stats: IngestStats | None = None,
         wall_clock: Callable[[], float] = time.time,
         require_node_identity: bool = False,
+        token_nodes: TokenNodes | None = None,
     ) -> None:
         self._state = state
+        # ... or a projected ServiceAccount token bound to a pod on that node (aggregator.tokens)
+        self._tokens = token_nodes
         # Node identity (gputopo.runtime.identity): a certificate naming a node may report only
         # that node; with `require_node_identity`, a stream without one may report nothing.
         self._require_identity = require_node_identity
@@ -176,8 +180,9 @@ class ReporterService(rgrpc.ReporterServicer):
                     self._check_envelope(msg, node)
                     self._check_incarnation(msg.incarnation)
                     if not node:
-                        denial = report_denial(
-                            node_of_peer(context), msg.node_name, require=self._require_identity
+                        peer_node, lie = await self._peer_node(context)
+                        denial = lie or report_denial(
+                            peer_node, msg.node_name, require=self._require_identity
                         )
                         if denial is not None:
                             # gputopo_aggregator_reports_rejected_total{field="node_identity"}
@@ -212,6 +217,30 @@ class ReporterService(rgrpc.ReporterServicer):
             self.stats.streams -= 1
             if node and self._claims.get(node) is claim:
                 del self._claims[node]
+
+    async def _peer_node(
+        self, context: grpc.aio.ServicerContext[rpb.ReportRequest, rpb.ReportResponse]
+    ) -> tuple[str | None, str | None]:
+        """(the node the peer proved, why its token proves nothing): a certificate naming a
+        node first, else a bearer token. A token that does not check out is a refusal even
+        where identity is optional: it is a claim, and a false one."""
+        node = node_of_peer(context)
+        if node is not None or self._tokens is None:
+            return node, None
+        token = next(
+            (
+                str(value)[len("Bearer ") :]
+                for key, value in context.invocation_metadata() or ()
+                if key == "authorization" and str(value).startswith("Bearer ")
+            ),
+            "",
+        )
+        if not token:
+            return None, None
+        try:
+            return await self._tokens.node_of(token), None
+        except IdentityError as err:
+            return None, str(err)
 
     def _claim(self, node: str, incarnation: int) -> _Claim | None:
         """Take the node for this stream; None when a newer exporter holds it."""

@@ -49,6 +49,7 @@ from aggregator.service import (
     PlacementService,
 )
 from aggregator.state import ClusterState
+from aggregator.tokens import DEFAULT_AUDIENCE, TokenNodes
 from gputopo.inventory import Inventory, inventory_labels, inventory_topologies, load_inventory
 from gputopo.reservations import INVENTORY_OWNER, Reservation, new_reservation_id
 from gputopo.runtime import grpcio
@@ -108,6 +109,11 @@ class AggregatorConfig:
     tls: TlsFiles | None = None
     # Refuse reports from streams whose certificate names no node (system:node:NAME).
     require_node_identity: bool = False
+    # Exporters may also prove their node with a projected ServiceAccount token of one of these
+    # accounts (namespace:name) for this audience, checked by TokenReview (needs a Kubernetes
+    # client; aggregator.tokens). Empty: certificates only.
+    exporter_accounts: tuple[str, ...] = ()
+    token_audience: str = DEFAULT_AUDIENCE
     # With TLS, the client certificate names the scheduler extender answers (kube-scheduler's).
     extender_clients: tuple[str, ...] = DEFAULT_EXTENDER_CLIENTS
 
@@ -141,6 +147,11 @@ class Aggregator:
             probes=self.probes,
             wall_clock=clock,
             require_node_identity=config.require_node_identity,
+            token_nodes=TokenNodes(
+                kube, accounts=config.exporter_accounts, audience=config.token_audience
+            )
+            if kube is not None and config.exporter_accounts
+            else None,
         )
         opts = config.kube
         self.promises = (

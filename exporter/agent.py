@@ -93,6 +93,8 @@ class AgentConfig:
     # Mutual TLS to the aggregator and on /metrics (`gputopo.runtime.tls`); None is plain text.
     tls: TlsFiles | None = None
     tls_check_s: float = ROTATION_CHECK_S  # how often the client certificate is looked at
+    # A projected ServiceAccount token file proving this pod's node to the aggregator.
+    identity_token: Path | None = None
     probe_schedule: ProbeSchedule = field(default_factory=ProbeSchedule)
     health: HealthPolicy = field(default_factory=HealthPolicy)
     # The kubelet's pod-resources socket; None: do not ask the kubelet what is held.
@@ -219,6 +221,7 @@ class Agent:
                 rng=self._rng,
                 on_probe_targets=self._set_targets,
                 gpu_use=lambda: self.gpu_use,
+                identity_token=self._identity_token if self.config.identity_token else None,
             )
             self._spawn(self.stream.run(), "report-stream")
             if self.config.tls is not None:
@@ -237,6 +240,16 @@ class Agent:
             self.probe_port,
             self.config.aggregator or "(nobody)",
         )
+
+    def _identity_token(self) -> str:
+        """The token as the kubelet last wrote it (it refreshes the file before expiry); an
+        unreadable file sends nothing, and the aggregator says what is missing."""
+        assert self.config.identity_token is not None
+        try:
+            return self.config.identity_token.read_text(encoding="utf-8").strip()
+        except OSError as err:
+            log.warning("identity token %s: %s", self.config.identity_token, err)
+            return ""
 
     async def _renew_channel(self) -> None:
         """A new channel with the renewed certificate; the old one closes, ending its call."""

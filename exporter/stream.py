@@ -103,8 +103,12 @@ class ReportStream:
         incarnation: int | None = None,
         on_probe_targets: Callable[[tuple[ProbeTarget, ...]], None] | None = None,
         gpu_use: Callable[[], GpuUse | None] | None = None,
+        identity_token: Callable[[], str] | None = None,
     ) -> None:
         self.node_name = node_name
+        # The pod's projected ServiceAccount token, read at each connection (the kubelet
+        # refreshes the file): the aggregator learns from it which node this pod runs on.
+        self._identity_token = identity_token
         self._source = source
         self._gpu_use = gpu_use or (lambda: None)
         self._sent_use: GpuUse | None = None
@@ -179,7 +183,10 @@ class ReportStream:
         )
 
     async def _stream_once(self) -> None:
-        call = self._stub.Report()
+        metadata = None
+        if self._identity_token is not None:
+            metadata = grpc.aio.Metadata(("authorization", f"Bearer {self._identity_token()}"))
+        call = self._stub.Report(metadata=metadata)
         self._resync = False
         reader = asyncio.create_task(self._read_acks(call))
         sent: NodeTopology | None = None

@@ -549,6 +549,20 @@ class KubeClient:
     def _pod_path(namespace: str, name: str) -> str:
         return f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
 
+    async def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
+        """A TokenReview's status (authentication.k8s.io/v1): `authenticated`, `user`
+        (`username`, `extra`), `audiences`, `error`."""
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": audiences},
+        }
+        result = await self.request(
+            "POST", "/apis/authentication.k8s.io/v1/tokenreviews", body=body
+        )
+        status: dict[str, Any] = result.get("status") or {}
+        return status
+
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """A Pod's JSON (NotFoundError when it is gone)."""
         result: dict[str, Any] = await self.request("GET", self._pod_path(namespace, name))

@@ -46,6 +46,7 @@ async def aggregator(
     out: TextIO | None = None,
     http_port: int | None = None,
     tls: TlsFiles | None = None,
+    exporter_accounts: tuple[str, ...] = (),
 ) -> AsyncIterator[Aggregator]:
     """An aggregator with a Kubernetes client of its own, stopped (gracefully) on exit; with
     `tls`, over mutual TLS and taking reports only from node certificates."""
@@ -60,6 +61,7 @@ async def aggregator(
             kube=options or KubeOptions(publisher=fast_publisher()),
             tls=tls,
             require_node_identity=tls is not None,
+            exporter_accounts=exporter_accounts,
         ),
         kube=client,
         out=out,

@@ -94,10 +94,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " default system:kube-scheduler); every other caller gets 403",
     )
     parser.add_argument(
+        "--exporter-account",
+        action="append",
+        default=None,
+        metavar="NAMESPACE:NAME",
+        help="with a cluster: exporters of this ServiceAccount may prove their node with a"
+        " projected token (repeatable; default gputopo-exporter:gputopo-exporter)",
+    )
+    parser.add_argument(
+        "--token-audience",
+        default="gputopo-aggregator",
+        help="the audience exporters' identity tokens must be for (default %(default)s)",
+    )
+    parser.add_argument(
         "--anonymous-exporters",
         action="store_true",
-        help="with TLS: also apply reports from exporters whose certificate names no node"
-        " (default: only a certificate of CN system:node:NAME may report NAME)",
+        help="with TLS: also apply reports from exporters that prove no node (default: only a"
+        " certificate of CN system:node:NAME, or a token of a pod on NAME, may report NAME)",
     )
     kube = parser.add_argument_group("Kubernetes (labels, scheduler objects, leader election)")
     kube.add_argument(
@@ -242,6 +255,8 @@ def run(args: argparse.Namespace) -> int:
         tls=tls,
         require_node_identity=tls is not None and not args.anonymous_exporters,
         extender_clients=tuple(args.extender_client or DEFAULT_EXTENDER_CLIENTS),
+        exporter_accounts=tuple(args.exporter_account or ("gputopo-exporter:gputopo-exporter",)),
+        token_audience=args.token_audience,
         grpc_host=args.host,
         grpc_port=args.grpc_port,
         http_host=args.host,

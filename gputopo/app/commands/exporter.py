@@ -21,6 +21,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the aggregator's gRPC address (env GPUTOPO_AGGREGATOR); empty: metrics only",
     )
     parser.add_argument(
+        "--identity-token",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="the pod's projected ServiceAccount token (audience gputopo-aggregator), sent so"
+        " the aggregator can tell which node this pod runs on; re-read at every connection",
+    )
+    parser.add_argument(
         "--node-name",
         default=env("NODE_NAME", ""),
         help="this node's Kubernetes name (env NODE_NAME, downward API; else the hostname)",
@@ -115,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         config = AgentConfig(
             tls=tls,
             tls_check_s=args.tls_check_interval,
+            identity_token=args.identity_token,
             node_name=node_name,
             aggregator=args.aggregator,
             http_host=args.http_host,
