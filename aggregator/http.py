@@ -88,6 +88,10 @@ class HttpEndpoints:
         """Serve; returns the bound port (port 0 picks a free one)."""
         return await self._server.start(host, port)
 
+    async def start_health(self, host: str, port: int) -> int:
+        """Also serve the probes alone in plain text (`HttpServer.start_health`)."""
+        return await self._server.start_health(host, port)
+
     async def stop(self) -> None:
         """Stop serving."""
         await self._server.stop()

@@ -92,6 +92,9 @@ class AggregatorConfig:
     grpc_port: int = 0
     http_host: str = "127.0.0.1"
     http_port: int | None = None  # None: no HTTP endpoints
+    # Also /healthz and /readyz alone in plain text here (the kubelet's probes cannot present a
+    # client certificate to the TLS port); None: not served.
+    health_port: int | None = None
     stale_after_s: float = 30.0
     heartbeat_interval_s: float = 5.0
     reservation_ttl_s: float = DEFAULT_RESERVATION_TTL_S
@@ -232,6 +235,7 @@ class Aggregator:
         self._writers: list[asyncio.Task[None]] = []
         self.grpc_port = 0
         self.http_port = 0
+        self.health_port = 0
 
     def _add_inventory_nodes(self, inventory: Inventory) -> None:
         topologies, used = inventory_topologies(inventory)
@@ -282,10 +286,16 @@ class Aggregator:
         if self.config.http_port is not None:
             try:
                 self.http_port = await self.http.start(self.config.http_host, self.config.http_port)
+                if self.config.health_port is not None:
+                    port = self.config.health_port
+                    self.health_port = await self.http.start_health(self.config.http_host, port)
             except OSError as err:  # the HTTP port is taken: stop the gRPC side, say which port
+                await self.http.stop()
                 await server.stop(0)
                 self._grpc = None
                 address = f"{self.config.http_host}:{self.config.http_port}"
+                if self.http_port:
+                    address = f"{self.config.http_host}:{self.config.health_port} (health)"
                 raise OSError(f"cannot listen on {address} for HTTP: {err.strerror}") from None
         self._tasks.append(asyncio.create_task(self._housekeep(), name="housekeeping"))
         if self.nodes is not None:

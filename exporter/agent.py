@@ -93,6 +93,8 @@ class AgentConfig:
     # Mutual TLS to the aggregator and on /metrics (`gputopo.runtime.tls`); None is plain text.
     tls: TlsFiles | None = None
     tls_check_s: float = ROTATION_CHECK_S  # how often the client certificate is looked at
+    # /healthz and /readyz alone in plain text (kubelet probes); None: not served.
+    health_port: int | None = None
     # A projected ServiceAccount token file proving this pod's node to the aggregator.
     identity_token: Path | None = None
     probe_schedule: ProbeSchedule = field(default_factory=ProbeSchedule)
@@ -159,6 +161,7 @@ class Agent:
         self._tasks: list[asyncio.Task[None]] = []
         self._discovered = asyncio.Event()
         self.http_port = 0
+        self.health_port = 0
         self.probe_port = 0
 
     # --- what the agent knows --------------------------------------------------------------
@@ -398,6 +401,10 @@ class Agent:
             ssl_context=ssl_server_context(self.config.tls) if self.config.tls else None,
         )
         self.http_port = await self._http.start(self.config.http_host, self.config.http_port)
+        if self.config.health_port is not None:
+            self.health_port = await self._http.start_health(
+                self.config.http_host, self.config.health_port
+            )
 
     def _stalled_s(self) -> float:
         """How long the discovery loop is overdue (0 while it keeps up)."""

@@ -39,6 +39,7 @@ class SchedulerProcessConfig:
     identity: str = "scheduler"
     http_host: str = "0.0.0.0"
     http_port: int | None = None
+    health_port: int | None = None  # /healthz and /readyz alone in plain text (kubelet probes)
     tls: TlsFiles | None = None  # mutual TLS to the aggregator and on /metrics; None: plain text
     tls_check_s: float = ROTATION_CHECK_S  # how often the client certificate is looked at
 
@@ -67,6 +68,9 @@ class SchedulerProcess:
             )
             port = await self.http.start(cfg.http_host, cfg.http_port)
             log.info("metrics and probes on %s:%d", cfg.http_host, port)
+            if cfg.health_port is not None:
+                port = await self.http.start_health(cfg.http_host, cfg.health_port)
+                log.info("probes alone, in plain text, on %s:%d", cfg.http_host, port)
         channels = [grpcio.channel(cfg.aggregator, tls=cfg.tls)]
         placement = PlacementClient(channels[0])
 

@@ -7,7 +7,9 @@ process's one event loop).
   JSON body of the probe function the process passes in, 200 when the probe says ok, else 503;
 - anything else a process serves is added by `routes`.
 
-With `tls` (`gputopo.runtime.tls.ssl_server_context`) the socket speaks only mutual TLS.
+With `tls` (`gputopo.runtime.tls.ssl_server_context`) the socket speaks only mutual TLS; the
+kubelet's probes cannot present a client certificate, so `start_health` can also serve the two
+probes alone, in plain text, on a port of their own (they say nothing about the cluster).
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ class HttpServer:
         self._routes = routes
         self._ssl_context = ssl_context
         self._runner: web.AppRunner | None = None
+        self._health_runner: web.AppRunner | None = None
         self.port = 0
+        self.health_port = 0
 
     def app(self) -> web.Application:
         """The aiohttp application."""
@@ -91,8 +95,22 @@ class HttpServer:
         self.port = sock.getsockname()[1]
         return self.port
 
+    async def start_health(self, host: str, port: int) -> int:
+        """Also serve /healthz and /readyz, and nothing else, in plain text; returns the port."""
+        app = web.Application()
+        app.router.add_get("/healthz", self._answer(self._healthz))
+        app.router.add_get("/readyz", self._answer(self._readyz))
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        sock = socket.create_server((host, port))
+        await web.SockSite(runner, sock).start()
+        self._health_runner = runner
+        self.health_port = sock.getsockname()[1]
+        return self.health_port
+
     async def stop(self) -> None:
         """Stop serving."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        for runner in (self._runner, self._health_runner):
+            if runner is not None:
+                await runner.cleanup()
+        self._runner = self._health_runner = None

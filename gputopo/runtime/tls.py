@@ -28,6 +28,7 @@ __all__ = [
     "ROTATION_CHECK_S",
     "TlsFiles",
     "TlsUsageError",
+    "add_health_port_flag",
     "add_tls_flags",
     "channel_credentials",
     "follow_rotation",
@@ -91,6 +92,18 @@ def add_tls_flags(parser: argparse.ArgumentParser, *, client: bool = False) -> N
         "--insecure",
         action="store_true",
         help="plain text, no peer authentication (a WARNING is logged); required without TLS files",
+    )
+
+
+def add_health_port_flag(parser: argparse.ArgumentParser) -> None:
+    """`--health-port`: the probes alone, in plain text, beside the TLS endpoints."""
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="also serve /healthz and /readyz alone, in plain text, on this port: the"
+        " kubelet's probes cannot present a client certificate (default: not served)",
     )
 
 

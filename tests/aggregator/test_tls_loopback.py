@@ -121,3 +121,36 @@ def test_exporter_and_aggregator_speak_mutual_tls_and_refuse_plain_text(tmp_path
             await agg.stop(grace_s=0.1)
 
     run(body(), timeout_s=200)
+
+
+def test_the_probes_answer_in_plain_text_on_their_own_port_and_nothing_else_does(
+    tmp_path: Path,
+) -> None:
+    """The kubelet's HTTP probes carry no client certificate: the health port serves them, and
+    only them; the TLS port still refuses plain text."""
+    ca = TestCA("gputopo-ca")
+    server = ca.issue(tmp_path / "aggregator", "localhost")
+
+    async def body() -> None:
+        agg = Aggregator(AggregatorConfig(http_port=0, health_port=0, tls=server))
+        await agg.start()
+        try:
+            plain = f"http://localhost:{agg.health_port}"
+            async with aiohttp.ClientSession() as session:
+                for path in ("/healthz", "/readyz"):
+                    async with session.get(plain + path) as resp:
+                        assert resp.status == 200, path
+                for path in ("/metrics", "/api/v1/topology"):
+                    async with session.get(plain + path) as resp:
+                        assert resp.status == 404, path
+                refused = False
+                try:
+                    async with session.get(f"http://localhost:{agg.http_port}/healthz") as resp:
+                        refused = resp.status >= 400
+                except aiohttp.ClientError:
+                    refused = True
+                assert refused, "the TLS port answered plain text"
+        finally:
+            await agg.stop(grace_s=0.1)
+
+    run(body(), timeout_s=60)

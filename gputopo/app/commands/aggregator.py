@@ -82,9 +82,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also serve the inventory's nodes from their machine profiles (a simulated cluster)",
     )
-    from gputopo.runtime.tls import add_tls_flags
+    from gputopo.runtime.tls import add_health_port_flag, add_tls_flags
 
     add_tls_flags(parser)
+    add_health_port_flag(parser)
     parser.add_argument(
         "--extender-client",
         action="append",
@@ -257,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
         extender_clients=tuple(args.extender_client or DEFAULT_EXTENDER_CLIENTS),
         exporter_accounts=tuple(args.exporter_account or ("gputopo-exporter:gputopo-exporter",)),
         token_audience=args.token_audience,
+        health_port=args.health_port,
         grpc_host=args.host,
         grpc_port=args.grpc_port,
         http_host=args.host,

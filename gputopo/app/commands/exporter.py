@@ -11,7 +11,7 @@ HELP = "run the node exporter: discover and probe this node's GPU topology, serv
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of the command; the environment supplies defaults in a DaemonSet."""
-    from gputopo.runtime.tls import add_tls_flags
+    from gputopo.runtime.tls import add_health_port_flag, add_tls_flags
 
     env = os.environ.get
     parser.add_argument(
@@ -74,6 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     add_tls_flags(parser, client=True)
+    add_health_port_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         config = AgentConfig(
             tls=tls,
             tls_check_s=args.tls_check_interval,
+            health_port=args.health_port,
             identity_token=args.identity_token,
             node_name=node_name,
             aggregator=args.aggregator,

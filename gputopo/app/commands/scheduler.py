@@ -53,9 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--http-host", default="0.0.0.0", help="address for /metrics, /healthz")
     parser.add_argument("--http-port", type=int, default=9404, help="0 for any free port")
-    from gputopo.runtime.tls import add_tls_flags
+    from gputopo.runtime.tls import add_health_port_flag, add_tls_flags
 
     add_tls_flags(parser, client=True)
+    add_health_port_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         tls=tls,
         tls_check_s=args.tls_check_interval,
+        health_port=args.health_port,
     )
 
     async def main() -> None:
