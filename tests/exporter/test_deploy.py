@@ -50,35 +50,69 @@ def test_gpu_taints_are_tolerated_and_the_node_name_comes_from_the_downward_api(
     assert "nvidia.com/gpu" not in container()["resources"].get("limits", {})  # watches, holds none
 
 
-def test_resources_probes_and_a_locked_down_container() -> None:
+def test_resources_probes_and_the_privilege_nvidias_agents_run_with() -> None:
     c = container()
     assert set(c["resources"]) == {"requests", "limits"}
     assert {"cpu", "memory"} <= set(c["resources"]["requests"]) & set(c["resources"]["limits"])
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert c["livenessProbe"]["httpGet"]["port"] == "metrics"
-    assert ports == {"metrics": 9402, "probe": 9403}
+    # The kubelet cannot present a client certificate: probes hit the plain-text health port.
+    assert c["livenessProbe"]["httpGet"]["port"] == "health"
+    assert c["readinessProbe"]["httpGet"]["port"] == "health"
+    assert ports == {"metrics": 9402, "probe": 9403, "health": 9405}
+    assert "--health-port=9405" in c["args"]
     security = c["securityContext"]
+    assert security["privileged"] is True  # as dcgm-exporter: hardened runtimes need it
+    assert security["runAsNonRoot"] is True
     assert security["readOnlyRootFilesystem"] is True
-    assert security["allowPrivilegeEscalation"] is False
-    assert security["capabilities"]["drop"] == ["ALL"]
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_mutual_tls_and_the_identity_token_are_on_by_default() -> None:
+    c = container()
+    pod = daemonset()["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for flag in ("--tls-cert=/etc/gputopo/tls/", "--tls-key=/etc/gputopo/tls/"):
+        assert any(a.startswith(flag) for a in c["args"]), flag
+    assert "--insecure" not in c["args"]
+    assert volumes[mounts["/etc/gputopo/tls"]["name"]]["secret"]["secretName"] == (
+        "gputopo-exporter-tls"
+    )
+    assert "--identity-token=/var/run/secrets/gputopo/token" in c["args"]
+    (source,) = volumes[mounts["/var/run/secrets/gputopo"]["name"]]["projected"]["sources"]
+    token = source["serviceAccountToken"]
+    assert token["audience"] == "gputopo-aggregator"
+    assert token["path"] == "token"
 
 
 def test_no_kubernetes_api_permissions_are_granted() -> None:
     kinds = {d["kind"] for d in documents()}
-    assert kinds == {"ServiceAccount", "DaemonSet"}  # no Role, ClusterRole or binding
+    assert kinds == {"Namespace", "ServiceAccount", "DaemonSet"}  # no Role, ClusterRole, binding
     (account,) = [d for d in documents() if d["kind"] == "ServiceAccount"]
     assert account["automountServiceAccountToken"] is False
     assert daemonset()["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
 
-def test_the_nvidia_runtime_component_sets_the_runtime_class() -> None:
+def test_the_namespace_admits_privileged_pods_and_only_the_exporter_runs_there() -> None:
+    (namespace,) = [d for d in documents() if d["kind"] == "Namespace"]
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert kustomization["namespace"] == namespace["metadata"]["name"] == "gputopo-exporter"
+    labels = namespace["metadata"]["labels"]
+    for mode in ("enforce", "audit", "warn"):
+        assert labels[f"pod-security.kubernetes.io/{mode}"] == "privileged"
+
+
+def test_the_nvidia_runtime_component_runs_it_there_unprivileged() -> None:
     component = yaml.safe_load((DEPLOY / "nvidia-runtime" / "kustomization.yaml").read_text())
     (patch,) = component["patches"]
-    assert yaml.safe_load(patch["patch"]) == [
-        {"op": "add", "path": "/spec/template/spec/runtimeClassName", "value": "nvidia"}
-    ]
+    ops = {op["path"]: op for op in yaml.safe_load(patch["patch"])}
+    assert ops["/spec/template/spec/runtimeClassName"]["value"] == "nvidia"
+    security = ops["/spec/template/spec/containers/0/securityContext"]["value"]
+    assert "privileged" not in security
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
 
 
 @pytest.mark.kube
@@ -88,6 +122,8 @@ def test_a_real_api_server_accepts_the_manifests_and_grants_the_exporter_nothing
     api = kube_scope.api_client()
     namespace = kube_scope.namespace
     for original in documents():
+        if original["kind"] == "Namespace":
+            continue  # the scope's namespace stands in for it
         doc = {**original, "metadata": {**original["metadata"], "namespace": namespace}}
         if doc["kind"] == "ServiceAccount":
             k8s.CoreV1Api(api).create_namespaced_service_account(namespace, doc)

@@ -49,16 +49,22 @@ class JsonSession:
         self._connection: http.client.HTTPSConnection | None = None
 
     def request(
-        self, method: str, path: str, *, body: Mapping[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        content_type: str = "application/json",
     ) -> JsonResponse:
         """Send one request; a connection the server closed in between is retried once.
+        `content_type` names the body's patch flavour for PATCH (JSON either way).
 
         Raises OSError (refused, reset, TLS failure) when the server cannot be reached.
         """
         payload = None if body is None else json.dumps(body).encode()
         headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
         if payload is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         for attempt in (1, 2):
             connection = self._connect()
             try:
