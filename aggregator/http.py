@@ -7,7 +7,10 @@
 Those three come from the boot every process shares (`gputopo.runtime.http`).
 - `/api/v1/topology` (`?links=false` leaves intra-node links out) and `/api/v1/nodes/{name}`:
   the same `ClusterTopology` / `NodeState` messages as gRPC's `GetTopology`, in protobuf's JSON
-  mapping with the .proto field names.
+  mapping with the .proto field names. The topology is built off the event loop and kept
+  (`TopologyCache`): a dashboard polling it gets the same bytes until the state changes or
+  `max_age_s` passes, and never slows Place or the probes. `?limit=N` pages it by node name;
+  the answer's `continue` (absent on the last page) is passed back as `?continue=`.
 - `/api/v1/nodes/{name}/sources`: where each part of the node's fabric position came from, what
   every source said, the conflicts, the labels this aggregator wants on the node, and what
   holds its GPUs (reservations, and pods bound by anyone: `occupancy`).
@@ -15,8 +18,11 @@ Those three come from the boot every process shares (`gputopo.runtime.http`).
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import json
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -24,11 +30,16 @@ from aiohttp import web
 from google.protobuf import json_format
 from prometheus_client import CollectorRegistry
 
-from aggregator.service import cluster_message
+from aggregator.service import cluster_message, dump_inputs
 from aggregator.state import ClusterState
 from gputopo.runtime.http import HttpServer, ProbeResult
 
-__all__ = ["HttpEndpoints"]
+__all__ = ["HttpEndpoints", "TopologyCache"]
+
+# A cached topology is served for at most this long even when nothing changed (its `as_of` and
+# the nodes' last reports move on).
+_MAX_AGE_S = 2.0
+_MAX_LIMIT = 10_000
 
 
 def _to_json(message: object) -> dict[str, Any]:
@@ -37,6 +48,99 @@ def _to_json(message: object) -> dict[str, Any]:
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
     )
+
+
+class TopologyCache:
+    """The topology's JSON bytes per (state generation, links, page), built off the loop.
+
+    Concurrent requests for the same key share one build; a key is rebuilt once the state's
+    generation moved or `max_age_s` passed. Only the latest generation's pages are kept, so the
+    cache holds one dump's worth of bytes at most.
+    """
+
+    def __init__(
+        self,
+        state: ClusterState,
+        *,
+        clock: Callable[[], float],
+        off_loop: Callable[[Callable[[], bytes]], Awaitable[bytes]],
+        max_age_s: float = _MAX_AGE_S,
+    ) -> None:
+        self._state = state
+        self._clock = clock
+        self._off_loop = off_loop
+        self._max_age_s = max_age_s
+        self._entries: dict[tuple[Any, ...], tuple[float, asyncio.Future[bytes]]] = {}
+        self._generation = -1
+        self.builds = 0
+
+    async def get(self, *, include_links: bool, start: str = "", limit: int = 0) -> bytes:
+        """The page of nodes from `start` (a name; "" the first), `limit` of them (0: all)."""
+        generation = self._state.generation
+        if generation != self._generation:
+            self._entries.clear()
+            self._generation = generation
+        key = (include_links, start, limit)
+        now = self._clock()
+        held = self._entries.get(key)
+        if held is not None and now - held[0] <= self._max_age_s:
+            return await asyncio.shield(held[1])
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._entries[key] = (now, future)
+        try:
+            body = await self._build(include_links=include_links, start=start, limit=limit)
+        except BaseException as err:
+            self._entries.pop(key, None)
+            future.set_exception(err)
+            future.exception()  # retrieved: a failed build is reported to its own caller
+            raise
+        future.set_result(body)
+        return body
+
+    async def _build(self, *, include_links: bool, start: str, limit: int) -> bytes:
+        self.builds += 1
+        snapshot = self._state.snapshot()
+        names = sorted(n for n in snapshot.nodes if n >= start)
+        following = ""
+        if limit and len(names) > limit:
+            following = names[limit]
+            names = names[:limit]
+        build = dump_inputs(
+            snapshot,
+            self._state,
+            nodes=names if (limit or start) else None,
+            include_links=include_links,
+            as_of=self._clock(),
+        )
+
+        def encode() -> bytes:
+            body = _to_json(build())
+            if following:
+                body["continue"] = base64.urlsafe_b64encode(following.encode()).decode()
+            return json.dumps(body).encode()
+
+        return await self._off_loop(encode)
+
+
+def page_query(query: Any) -> tuple[str, int] | str:
+    """(start, limit) from `?continue=&limit=`, or why not (one line naming the parameter)."""
+    raw_limit = query.get("limit", "0")
+    try:
+        limit = int(raw_limit)
+    except ValueError:
+        return f"limit: {raw_limit[:40]!r} is not a whole number"
+    if not 0 <= limit <= _MAX_LIMIT:
+        return f"limit: must be between 1 and {_MAX_LIMIT} (0 or absent: every node)"
+    token = query.get("continue", "")
+    try:
+        start = (
+            base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
+            if token
+            else ""
+        )
+    except (ValueError, UnicodeError):
+        return "continue: not a token this server gave"
+    return start, limit
 
 
 class HttpEndpoints:
@@ -53,8 +157,10 @@ class HttpEndpoints:
         desired_labels: Callable[[str], dict[str, str] | None] | None = None,
         extra_routes: Callable[[web.Application], None] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        off_loop: Callable[[Callable[[], bytes]], Awaitable[bytes]] | None = None,
     ) -> None:
         self.state = state
+        self.topology = TopologyCache(state, clock=clock, off_loop=off_loop or asyncio.to_thread)
         self._extra_routes = extra_routes
         self.registry = registry
         self.clock = clock
@@ -102,10 +208,13 @@ class HttpEndpoints:
         return ProbeResult(ready, body)
 
     async def _topology(self, request: web.Request) -> web.Response:
-        snapshot = self.state.snapshot()
         include_links = request.query.get("links", "true").lower() != "false"
-        msg = cluster_message(snapshot, self.state, include_links=include_links, as_of=self.clock())
-        return web.json_response(_to_json(msg))
+        page = page_query(request.query)
+        if isinstance(page, str):
+            return web.json_response({"error": page}, status=400)
+        start, limit = page
+        body = await self.topology.get(include_links=include_links, start=start, limit=limit)
+        return web.Response(body=body, content_type="application/json")
 
     async def _node(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]

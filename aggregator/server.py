@@ -45,6 +45,7 @@ from aggregator.publisher import LabelPublisher, PublisherConfig, node_facts
 from aggregator.schedwriter import SchedulerObjectWriter
 from aggregator.service import (
     DEFAULT_RESERVATION_TTL_S,
+    DEFAULT_SEARCH_DEADLINE_S,
     MAX_RESERVATION_TTL_S,
     PlacementService,
 )
@@ -92,6 +93,8 @@ class AggregatorConfig:
     grpc_port: int = 0
     http_host: str = "127.0.0.1"
     http_port: int | None = None  # None: no HTTP endpoints
+    # A placement search or topology dump longer than this answers DEADLINE_EXCEEDED.
+    search_deadline_s: float = DEFAULT_SEARCH_DEADLINE_S
     # Also /healthz and /readyz alone in plain text here (the kubelet's probes cannot present a
     # client certificate to the TLS port); None: not served.
     health_port: int | None = None
@@ -170,6 +173,7 @@ class Aggregator:
             default_policy=config.default_policy,
             promises=self.promises,
             may_reserve=lambda: self.leading,
+            search_deadline_s=config.search_deadline_s,
         )
         self.kube = kube
         # Node objects are read on every replica, leader or not, labels published or not.
@@ -229,6 +233,7 @@ class Aggregator:
                 extender_callers=frozenset(config.extender_clients) if config.tls else None,
             ),
             ssl_context=ssl_server_context(config.tls) if config.tls else None,
+            off_loop=self.placement.off_loop,
         )
         self._grpc: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -426,6 +431,7 @@ class Aggregator:
         if self._grpc is not None:
             await self._grpc.stop(grace_s)
             self._grpc = None
+        self.placement.close()
 
     async def _drop_writers(self) -> None:
         writers, self._writers = self._writers, []

@@ -17,6 +17,7 @@ import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TypeVar
 
@@ -35,7 +36,7 @@ from gputopo.codec import (
     timestamp,
 )
 from gputopo.placement import PlacementResult, UnknownPolicyError, place
-from gputopo.request import RequestError
+from gputopo.request import PlacementRequest, RequestError
 from gputopo.reservations import Reservation, ReservationError
 from gputopo.runtime.identity import caller_of_rpc
 from gputopo.runtime.kube import KubeError
@@ -77,6 +78,12 @@ def ttl_limits_problem(default_ttl_s: float, max_ttl_s: float) -> str | None:
     return None
 
 
+# A placement search longer than this answers DEADLINE_EXCEEDED (the aggregator's
+# --search-deadline): no caller waits forever, and the search pool does not fill up.
+DEFAULT_SEARCH_DEADLINE_S = 20.0
+# Searches run again (on a fresh snapshot) when their GPUs were taken while they ran.
+_SEARCH_ATTEMPTS = 3
+
 # How long a call that reserves waits for reservations to be restored after a start or failover.
 _READY_WAIT_S = 10.0
 # A watcher that falls this many events behind is told to resync rather than buffering forever.
@@ -93,6 +100,21 @@ def cluster_message(
 ) -> tpb.ClusterTopology:
     """The cluster as a ClusterTopology message (`gputopo.codec.cluster`), with what only the
     state knows: node generations, last reports, and which held GPUs are still pending."""
+    return dump_inputs(snapshot, state, nodes=nodes, include_links=include_links, as_of=as_of)()
+
+
+def dump_inputs(
+    snapshot: ClusterSnapshot,
+    state: ClusterState,
+    *,
+    nodes: list[str] | None = None,
+    include_links: bool = True,
+    as_of: float | None = None,
+) -> Callable[[], tpb.ClusterTopology]:
+    """`cluster_message` in two halves: what the state knows is read now (on the loop, cheap);
+    the returned function builds the message from that and the immutable snapshot alone, so it
+    may run in a worker thread while the loop goes on (a dump of thousands of nodes takes a
+    while)."""
     held = state.held_gpus()
     pending: dict[str, set[int]] = {}
     for r in state.reservations():
@@ -100,12 +122,16 @@ def cluster_message(
             for held_on, gpus in r.gpus.items():
                 pending.setdefault(held_on, set()).update(gpus)
     reserved = {n: gpus & held.get(n, frozenset()) for n, gpus in pending.items()}
+    known: dict[str, tuple[int, float | None]] = {}
+    for name in nodes if nodes is not None else snapshot.nodes:
+        rec = state.record(name)
+        known[name] = (rec.generation, rec.last_report) if rec else (0, None)
 
     def facts(name: str) -> tuple[int, float | None]:
-        rec = state.record(name)
-        return (rec.generation, rec.last_report) if rec else (0, None)
+        return known.get(name, (0, None))
 
-    return cluster_to_proto(
+    return partial(
+        cluster_to_proto,
         snapshot,
         facts=facts,
         reserved=reserved,
@@ -138,6 +164,7 @@ class PlacementError(Exception):
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
+_Out = TypeVar("_Out")
 
 
 async def _answer(
@@ -160,8 +187,10 @@ class PlacementService(pgrpc.PlacementServicer):
 
     The transport-free methods (`place`, `commit`, `release`, `explain`, `get_topology`) do the
     work and raise `PlacementError`; the gRPC methods and the HTTP mirror
-    (`aggregator.http_placement`) only translate. None of them awaits, so each runs from snapshot
-    to reservation in one turn of the event loop.
+    (`aggregator.http_placement`) only translate. Searches and topology dumps run in a small
+    thread pool on immutable snapshots (`_search`, `off_loop`), so the event loop keeps serving
+    reports, heartbeats and /healthz meanwhile; a reservation is made back on the loop, on GPUs
+    checked to be still free.
     """
 
     def __init__(
@@ -174,6 +203,8 @@ class PlacementService(pgrpc.PlacementServicer):
         default_policy: str | None = None,
         promises: KubePromises | None = None,
         may_reserve: Callable[[], bool] = lambda: True,
+        search_workers: int = 2,
+        search_deadline_s: float = DEFAULT_SEARCH_DEADLINE_S,
     ) -> None:
         self._state = state
         self._clock = clock
@@ -184,6 +215,12 @@ class PlacementService(pgrpc.PlacementServicer):
         self._policy = default_policy
         self.promises = promises
         self._may_reserve = may_reserve
+        # Searches run here, off the event loop (`_search`); the pool bounds how many at once.
+        self._pool = ThreadPoolExecutor(max_workers=search_workers, thread_name_prefix="search")
+        self._deadline_s = search_deadline_s
+        self.deadlines = 0  # searches that ran past the deadline
+        self.researches = 0  # searches run again because their GPUs were taken meanwhile
+        self._reserving = asyncio.Lock()
         self.denied = 0  # Commit/Release refused to a caller that does not hold the reservation
         # Set once reservations are restored (at once without a durable store): until then
         # no Place that reserves, Commit or Release is answered.
@@ -196,21 +233,58 @@ class PlacementService(pgrpc.PlacementServicer):
         """The cluster state this service places against."""
         return self._state
 
-    def _decide(
-        self, request: ppb.PlacementRequest
-    ) -> tuple[PlacementResult, float, ClusterSnapshot]:
+    def _parse(self, request: ppb.PlacementRequest) -> tuple[PlacementRequest, str | None]:
         try:
             req = request_from_proto(request)
-            snapshot = self._state.snapshot()
-            policy = req.policy or self._policy
-            result, seconds = place(snapshot, req, policy=policy)
         except (CodecError, RequestError) as err:
+            raise PlacementError(grpc.StatusCode.INVALID_ARGUMENT, f"request.{err}") from None
+        return req, req.policy or self._policy
+
+    async def _search(
+        self, snapshot: ClusterSnapshot, req: PlacementRequest, policy: str | None
+    ) -> tuple[PlacementResult, float]:
+        """`gputopo.placement.place` in the search pool, never on the event loop: a search over
+        thousands of nodes must not stall heartbeats, /healthz or other calls. The snapshot is
+        immutable, so the thread reads nothing the loop changes. Past the deadline the caller
+        gets DEADLINE_EXCEEDED (the thread finishes on its own; the pool bounds how many run)."""
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(self._pool, partial(place, snapshot, req, policy=policy))
+        try:
+            return await asyncio.wait_for(work, self._deadline_s)
+        except TimeoutError:
+            self.deadlines += 1
+            raise PlacementError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"request: the placement search took longer than {self._deadline_s:g} s"
+                " (--search-deadline); ask for less, or for fewer candidates",
+            ) from None
+        except RequestError as err:
             raise PlacementError(grpc.StatusCode.INVALID_ARGUMENT, f"request.{err}") from None
         except UnknownPolicyError as err:
             raise PlacementError(
                 grpc.StatusCode.INVALID_ARGUMENT, f"request.policy: {err}"
             ) from None
+
+    async def _decide(
+        self, request: ppb.PlacementRequest
+    ) -> tuple[PlacementResult, float, ClusterSnapshot]:
+        req, policy = self._parse(request)
+        snapshot = self._state.snapshot()
+        result, seconds = await self._search(snapshot, req, policy)
         return result, seconds, snapshot
+
+    def _still_free(self, result: PlacementResult) -> bool:
+        """Whether every GPU a search chose (on an older snapshot) is still free and on a live
+        node: the search ran off the loop while reports and other calls went on."""
+        now = self._state.snapshot()
+        return all(
+            node in now.nodes and gpus <= now.node(node).free
+            for node, gpus in result.allocation().items()
+        )
+
+    def close(self) -> None:
+        """Stop the search pool (searches running finish on their own)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _response(
         self, result: PlacementResult, snapshot: ClusterSnapshot, seconds: float
@@ -233,9 +307,7 @@ class PlacementService(pgrpc.PlacementServicer):
 
     # --- the work, free of any transport ----------------------------------------------------
 
-    def place(self, request: ppb.PlaceRequest, *, caller: str = "") -> ppb.PlaceResponse:
-        """Place a request; unless dry_run, hold its GPUs for the reservation TTL, for
-        `caller` (who the transport proved the client is) alone to commit or release."""
+    def _ttl_of(self, request: ppb.PlaceRequest) -> float:
         ttl = self._ttl
         if request.HasField("reservation_ttl"):
             ttl = request.reservation_ttl.ToNanoseconds() / 1e9
@@ -249,7 +321,46 @@ class PlacementService(pgrpc.PlacementServicer):
                     f"reservation_ttl: is {ttl:g} s, at most {self._max_ttl:g} s"
                     " (the aggregator's --max-reservation-ttl); commit to hold GPUs longer",
                 )
-        result, seconds, snapshot = self._decide(request.request)
+        return ttl
+
+    async def place(self, request: ppb.PlaceRequest, *, caller: str = "") -> ppb.PlaceResponse:
+        """Place a request; unless dry_run, hold its GPUs for the reservation TTL, for
+        `caller` (who the transport proved the client is) alone to commit or release.
+
+        The search runs off the loop on a snapshot; the reservation is made back on the loop,
+        after checking that the GPUs chosen are still free (another call may have taken them,
+        a node may have gone stale meanwhile). If not, the search runs again on a fresh
+        snapshot, a few times at most, so a reservation is always on free GPUs."""
+        ttl = self._ttl_of(request)
+        req, policy = self._parse(request.request)
+        if request.dry_run:
+            return await self._place(request, req, policy, ttl, caller)
+        # One reserving search at a time: each starts from a snapshot that holds every earlier
+        # reservation, so concurrent callers never race for the same GPUs (searches hold the
+        # GIL anyway, so little parallelism is lost); dry runs do not wait.
+        async with self._reserving:
+            return await self._place(request, req, policy, ttl, caller)
+
+    async def _place(
+        self,
+        request: ppb.PlaceRequest,
+        req: PlacementRequest,
+        policy: str | None,
+        ttl: float,
+        caller: str,
+    ) -> ppb.PlaceResponse:
+        for _ in range(_SEARCH_ATTEMPTS):
+            snapshot = self._state.snapshot()
+            result, seconds = await self._search(snapshot, req, policy)
+            if request.dry_run or not result.placed or self._still_free(result):
+                break
+            self.researches += 1
+        else:
+            raise PlacementError(
+                grpc.StatusCode.ABORTED,
+                f"request: the GPUs chosen were taken while searching, {_SEARCH_ATTEMPTS} times;"
+                " try again",
+            )
         resp = self._response(result, snapshot, seconds)
         if result.placed and not request.dry_run:
             reservation = self._state.reserve(
@@ -341,9 +452,9 @@ class PlacementService(pgrpc.PlacementServicer):
     async def place_kept(self, request: ppb.PlaceRequest, *, caller: str = "") -> ppb.PlaceResponse:
         """`place`, with the reservation stored before the answer names it."""
         if request.dry_run:
-            return self.place(request, caller=caller)
+            return await self.place(request, caller=caller)
         await self._book_is_current()
-        resp = self.place(request, caller=caller)
+        resp = await self.place(request, caller=caller)
         if self.promises is not None and resp.HasField("reservation"):
             held = self._state.reservation(resp.reservation.id)
             if held is not None:
@@ -393,9 +504,9 @@ class PlacementService(pgrpc.PlacementServicer):
         """`explain`; about a reservation, only from the current book."""
         if request.WhichOneof("subject") == "reservation_id":
             await self._book_is_current()
-        return self.explain(request)
+        return await self.explain(request)
 
-    def explain(self, request: ppb.ExplainRequest) -> ppb.PlaceResponse:
+    async def explain(self, request: ppb.ExplainRequest) -> ppb.PlaceResponse:
         """A dry run with its reasons, or the figures of an existing reservation."""
         subject = request.WhichOneof("subject")
         if subject == "reservation_id":
@@ -413,22 +524,27 @@ class PlacementService(pgrpc.PlacementServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "subject: a request or a reservation_id is required",
             )
-        result, seconds, snapshot = self._decide(request.request)
+        result, seconds, snapshot = await self._decide(request.request)
         return self._response(result, snapshot, seconds)
 
-    def get_topology(self, request: ppb.GetTopologyRequest) -> tpb.ClusterTopology:
-        """The cluster as the aggregator sees it now."""
+    async def get_topology(self, request: ppb.GetTopologyRequest) -> tpb.ClusterTopology:
+        """The cluster as the aggregator sees it now, built off the loop (`dump_inputs`)."""
         snapshot = self._state.snapshot()
         unknown = sorted(set(request.nodes) - set(snapshot.nodes))
         if unknown:
             raise PlacementError(grpc.StatusCode.NOT_FOUND, f"nodes: unknown node {unknown[0]!r}")
-        return cluster_message(
+        build = dump_inputs(
             snapshot,
             self._state,
             nodes=list(request.nodes) or None,
             include_links=request.include_links,
             as_of=self._clock(),
         )
+        return await self.off_loop(build)
+
+    async def off_loop(self, work: Callable[[], _Out]) -> _Out:
+        """Run CPU work in the search pool, not on the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
 
     # --- gRPC -------------------------------------------------------------------------------
 

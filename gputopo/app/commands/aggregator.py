@@ -95,6 +95,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " default system:kube-scheduler); every other caller gets 403",
     )
     parser.add_argument(
+        "--search-deadline",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="a placement search or topology dump running longer answers DEADLINE_EXCEEDED"
+        " (default %(default)s)",
+    )
+    parser.add_argument(
         "--exporter-account",
         action="append",
         default=None,
@@ -259,6 +267,7 @@ def run(args: argparse.Namespace) -> int:
         exporter_accounts=tuple(args.exporter_account or ("gputopo-exporter:gputopo-exporter",)),
         token_audience=args.token_audience,
         health_port=args.health_port,
+        search_deadline_s=args.search_deadline,
         grpc_host=args.host,
         grpc_port=args.grpc_port,
         http_host=args.host,
