@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
@@ -30,7 +29,8 @@ from aiohttp import web
 from google.protobuf import json_format
 from prometheus_client import CollectorRegistry
 
-from aggregator.service import cluster_message, dump_inputs
+from aggregator.dumps import TopologyJson
+from aggregator.service import cluster_message, dump_facts
 from aggregator.state import ClusterState
 from gputopo.runtime.http import HttpServer, ProbeResult
 
@@ -73,6 +73,7 @@ class TopologyCache:
         self._entries: dict[tuple[Any, ...], tuple[float, asyncio.Future[bytes]]] = {}
         self._generation = -1
         self.builds = 0
+        self.encoder = TopologyJson()
 
     async def get(self, *, include_links: bool, start: str = "", limit: int = 0) -> bytes:
         """The page of nodes from `start` (a name; "" the first), `limit` of them (0: all)."""
@@ -101,23 +102,23 @@ class TopologyCache:
         self.builds += 1
         snapshot = self._state.snapshot()
         names = sorted(n for n in snapshot.nodes if n >= start)
-        following = ""
+        extra = {}
         if limit and len(names) > limit:
-            following = names[limit]
+            extra["continue"] = base64.urlsafe_b64encode(names[limit].encode()).decode()
             names = names[:limit]
-        build = dump_inputs(
-            snapshot,
-            self._state,
-            nodes=names if (limit or start) else None,
-            include_links=include_links,
-            as_of=self._clock(),
-        )
+        facts, reserved = dump_facts(snapshot, self._state, names)
+        as_of = self._clock()
 
         def encode() -> bytes:
-            body = _to_json(build())
-            if following:
-                body["continue"] = base64.urlsafe_b64encode(following.encode()).decode()
-            return json.dumps(body).encode()
+            return self.encoder.encode(
+                snapshot,
+                facts=facts,
+                reserved=reserved,
+                names=names,
+                include_links=include_links,
+                as_of=as_of,
+                extra=extra,
+            )
 
         return await self._off_loop(encode)
 

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TypeVar
@@ -103,18 +103,11 @@ def cluster_message(
     return dump_inputs(snapshot, state, nodes=nodes, include_links=include_links, as_of=as_of)()
 
 
-def dump_inputs(
-    snapshot: ClusterSnapshot,
-    state: ClusterState,
-    *,
-    nodes: list[str] | None = None,
-    include_links: bool = True,
-    as_of: float | None = None,
-) -> Callable[[], tpb.ClusterTopology]:
-    """`cluster_message` in two halves: what the state knows is read now (on the loop, cheap);
-    the returned function builds the message from that and the immutable snapshot alone, so it
-    may run in a worker thread while the loop goes on (a dump of thousands of nodes takes a
-    while)."""
+def dump_facts(
+    snapshot: ClusterSnapshot, state: ClusterState, nodes: Iterable[str] | None = None
+) -> tuple[Callable[[str], tuple[int, float | None]], dict[str, set[int]]]:
+    """What only the state knows, read now (on the loop): each node's (generation, last
+    report), and the held GPUs of reservations not yet committed, per node."""
     held = state.held_gpus()
     pending: dict[str, set[int]] = {}
     for r in state.reservations():
@@ -130,6 +123,22 @@ def dump_inputs(
     def facts(name: str) -> tuple[int, float | None]:
         return known.get(name, (0, None))
 
+    return facts, reserved
+
+
+def dump_inputs(
+    snapshot: ClusterSnapshot,
+    state: ClusterState,
+    *,
+    nodes: list[str] | None = None,
+    include_links: bool = True,
+    as_of: float | None = None,
+) -> Callable[[], tpb.ClusterTopology]:
+    """`cluster_message` in two halves: what the state knows is read now (on the loop, cheap);
+    the returned function builds the message from that and the immutable snapshot alone, so it
+    may run in a worker thread while the loop goes on (a dump of thousands of nodes takes a
+    while)."""
+    facts, reserved = dump_facts(snapshot, state, nodes)
     return partial(
         cluster_to_proto,
         snapshot,

@@ -30,11 +30,16 @@ def node_state_to_proto(
     last_report: float | None = None,
     reserved: Iterable[int] = (),
     include_links: bool = True,
+    with_topology: bool = True,
 ) -> tpb.NodeState:
-    """A node in a snapshot as a message. GPUs not free and not reserved are allocated."""
-    topo = topology_to_proto(state.topology)
-    if not include_links:
-        del topo.links[:]
+    """A node in a snapshot as a message. GPUs not free and not reserved are allocated.
+    `with_topology=False` leaves the topology out (a caller that encodes it once and reuses it,
+    as the aggregator's topology dump does: it is the bulk, and changes far less often)."""
+    topo = None
+    if with_topology:
+        topo = topology_to_proto(state.topology)
+        if not include_links:
+            del topo.links[:]
     reserved_set = set(reserved)
     allocated = [
         g for g in range(state.topology.gpu_count) if g not in state.free and g not in reserved_set
@@ -62,12 +67,14 @@ def cluster_to_proto(
     nodes: Iterable[str] | None = None,
     include_links: bool = True,
     as_of: float | None = None,
+    with_nodes: bool = True,
 ) -> tpb.ClusterTopology:
-    """The cluster as a ClusterTopology message: every node (or those named) and every
-    multi-node domain. `reserved`: GPUs held by reservations not yet committed, per node."""
+    """The cluster as a ClusterTopology message: every node (or those named; none without
+    `with_nodes`) and every multi-node domain. `reserved`: GPUs held by reservations not yet
+    committed, per node."""
     wanted = set(nodes) if nodes else None
     msg = tpb.ClusterTopology(generation=snapshot.generation)
-    for name, node in snapshot.nodes.items():
+    for name, node in snapshot.nodes.items() if with_nodes else ():
         if wanted is not None and name not in wanted:
             continue
         generation, last_report = facts(name)
