@@ -34,6 +34,7 @@ from aggregator.occupancy import Occupancy
 from gputopo.cluster import ClusterSnapshot, NodeState
 from gputopo.delta import NodeDelta, apply_delta
 from gputopo.gpu_use import GpuUse
+from gputopo.nominal import plausible
 from gputopo.placement.result import PlacementResult
 from gputopo.reservations import Reservation, ReservationBook, ReservationStore
 from gputopo.topology import NodeTopology
@@ -144,12 +145,15 @@ class ClusterState:
     # --- the merged fabric position ---------------------------------------------------------
 
     def _effective(self, name: str, reported: NodeTopology) -> tuple[NodeTopology, Resolution]:
+        """What placement uses: the reported topology with its fabric position merged from
+        every source, and no link faster than its kind can be (`gputopo.nominal.plausible`)."""
         labels, owned = self._kube_labels.get(name, ({}, frozenset()))
         foreign = {k: v for k, v in labels.items() if k not in owned}
         resolution = self.sources.resolve_node(name, reported, foreign)
-        if resolution.fabric == reported.fabric:
-            return reported, resolution
-        return replace(reported, fabric=resolution.fabric), resolution
+        checked = plausible(reported)
+        if resolution.fabric == checked.fabric:
+            return checked, resolution
+        return replace(checked, fabric=resolution.fabric), resolution
 
     def refresh_fabric(self, nodes: Iterable[str] | None = None) -> list[str]:
         """Merge the sources again (after an inventory load or new probe inference).

@@ -37,6 +37,8 @@ __all__ = [
     "C2C_GBPS",
     "HOST_COPY_EFFICIENCY",
     "NVLINK_GBPS_PER_LANE",
+    "NVLINK_MAX_LANES",
+    "ceiling_gbps",
     "device_local_gbps",
     "host_path_gbps",
     "latency_us",
@@ -92,6 +94,28 @@ _LATENCY_US: dict[LinkKind, float] = {
     LinkKind.SYS: 6.0,
     LinkKind.NET: 8.0,
 }
+
+
+# Most NVLinks one GPU of a generation has (P100 4, V100 6, A100 12, H100 and Blackwell 18):
+# all of them may join two GPUs through NVSwitch, so this bounds any pair.
+NVLINK_MAX_LANES: dict[int, int] = {1: 4, 2: 6, 3: 12, 4: 18, 5: 18, 6: 18}
+# Beyond any link of these kinds: PCIe Gen6 x16 (121 GB/s), a 1.6 Tb/s NIC (200 GB/s).
+_PCIE_CEILING_GBPS = 7.563 * 16
+_NET_CEILING_GBPS = 200.0
+
+
+def ceiling_gbps(kind: LinkKind, *, nvlink_generation: int | None) -> float:
+    """The most a link of this kind can carry per direction; for NVLink, of that generation
+    (all of a GPU's lanes), or of the fastest one when the generation is unknown. A reported
+    or measured figure above it is not a fact about the link (`gputopo.nominal.plausible`)."""
+    if kind is LinkKind.NVLINK:
+        gen = nvlink_generation if nvlink_generation in NVLINK_MAX_LANES else max(NVLINK_MAX_LANES)
+        return NVLINK_MAX_LANES[gen] * NVLINK_GBPS_PER_LANE[gen]
+    if kind is LinkKind.C2C:
+        return C2C_GBPS
+    if kind is LinkKind.NET:
+        return _NET_CEILING_GBPS
+    return _PCIE_CEILING_GBPS
 
 
 def nvlink_gbps(*, lanes: int, generation: int | None) -> float:

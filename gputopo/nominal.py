@@ -15,7 +15,13 @@ from gputopo import bandwidth
 from gputopo.links import LinkHealth, LinkKind
 from gputopo.topology import DeviceKind, DeviceRef, Gpu, Link, NodeTopology
 
-__all__ = ["ASSUMED_PCIE", "gpu_pcie_gbps", "link_nominal_gbps", "with_nominal_bandwidth"]
+__all__ = [
+    "ASSUMED_PCIE",
+    "gpu_pcie_gbps",
+    "link_nominal_gbps",
+    "plausible",
+    "with_nominal_bandwidth",
+]
 
 # When a GPU's PCIe link is unknown (recordings rarely say) we assume Gen4 x16, the most common
 # link of datacenter GPUs in service; callers that know better set the GPU's pcie fields.
@@ -67,6 +73,32 @@ def with_nominal_bandwidth(topology: NodeTopology) -> NodeTopology:
         replace(link, nominal_gbps=link_nominal_gbps(topology, link)) for link in topology.links
     )
     return replace(topology, links=links)
+
+
+def plausible(topology: NodeTopology) -> NodeTopology:
+    """The topology with every link's nominal and measured bandwidth cut to what a link of its
+    kind can carry (NVLink: of the GPUs' generation, `bandwidth.ceiling_gbps`); the same object
+    when nothing was above. Why: placement prefers the fastest links, so a node that claimed
+    NVLink at thousands of GB/s (within the codec's generous bounds, but not what an H100 has)
+    drew every honest request. Cut to the ceiling, a claim can at most tie with an honest node
+    of the same hardware, never outbid it."""
+    changed = False
+    links = []
+    for link in topology.links:
+        top = bandwidth.ceiling_gbps(
+            link.kind,
+            nvlink_generation=_nvlink_generation(topology, link)
+            if link.kind is LinkKind.NVLINK
+            else None,
+        )
+        fixed = link
+        if link.nominal_gbps > top:
+            fixed = replace(fixed, nominal_gbps=top)
+        if link.measured is not None and link.measured.gbps > top:
+            fixed = replace(fixed, measured=replace(link.measured, gbps=top))
+        changed |= fixed is not link
+        links.append(fixed)
+    return replace(topology, links=tuple(links)) if changed else topology
 
 
 def _nvlink_generation(topology: NodeTopology, link: Link) -> int | None:
