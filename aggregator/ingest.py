@@ -64,6 +64,7 @@ from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
 __all__ = [
+    "DEFAULT_MAX_NODES",
     "FRESHNESS_BUCKETS",
     "INCARNATION_FUTURE_S",
     "IngestStats",
@@ -90,6 +91,10 @@ INCARNATION_FUTURE_S = 300.0
 FRESHNESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+# Far past the largest clusters built (100k GPUs is 12,500 eight-GPU nodes).
+DEFAULT_MAX_NODES = 50_000
+
+
 @dataclass(slots=True)
 class IngestStats:
     """What ingest has seen, for metrics: plain counts, read by the collector."""
@@ -99,6 +104,7 @@ class IngestStats:
     superseded: int = 0
     refused: int = 0
     streams: int = 0
+    ghosts: int = 0  # nodes forgotten: silent, no stream, no Node object (the server's count)
     freshness_buckets: list[int] = field(default_factory=lambda: [0] * len(FRESHNESS_BUCKETS))
     freshness_count: int = 0
     freshness_sum: float = 0.0
@@ -144,10 +150,12 @@ class ReporterService(rgrpc.ReporterServicer):
         wall_clock: Callable[[], float] = time.time,
         require_node_identity: bool = False,
         token_nodes: TokenNodes | None = None,
+        max_nodes: int = DEFAULT_MAX_NODES,
     ) -> None:
         self._state = state
         # ... or a projected ServiceAccount token bound to a pod on that node (aggregator.tokens)
         self._tokens = token_nodes
+        self._max_nodes = max_nodes
         # Node identity (gputopo.runtime.identity): a certificate naming a node may report only
         # that node; with `require_node_identity`, a stream without one may report nothing.
         self._require_identity = require_node_identity
@@ -189,6 +197,15 @@ class ReporterService(rgrpc.ReporterServicer):
                             self.stats.rejected["node_identity"] += 1
                             log.warning("refused report from %s: %s", peer, denial)
                             await context.abort(grpc.StatusCode.PERMISSION_DENIED, denial)
+                        if self._over_capacity(msg.node_name):
+                            self.stats.rejected["node_capacity"] += 1
+                            why = (
+                                f"node_name: {msg.node_name!r} would be node {self._max_nodes + 1};"
+                                f" this aggregator keeps at most {self._max_nodes}"
+                                " (--max-nodes)"
+                            )
+                            log.warning("refused report stream from %s: %s", peer, why)
+                            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
                         claim = self._claim(msg.node_name, msg.incarnation)
                         if claim is None:
                             self.stats.refused += 1
@@ -241,6 +258,16 @@ class ReporterService(rgrpc.ReporterServicer):
             return await self._tokens.node_of(token), None
         except IdentityError as err:
             return None, str(err)
+
+    @property
+    def live_nodes(self) -> frozenset[str]:
+        """Nodes a report stream holds right now."""
+        return frozenset(self._claims)
+
+    def _over_capacity(self, node: str) -> bool:
+        """A new node past `max_nodes`: state must grow with the cluster, not with what
+        streams claim (without node identity, one client could name thousands)."""
+        return self._state.record(node) is None and self._state.node_count >= self._max_nodes
 
     def _claim(self, node: str, incarnation: int) -> _Claim | None:
         """Take the node for this stream; None when a newer exporter holds it."""

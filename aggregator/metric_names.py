@@ -45,6 +45,11 @@ STREAMS_SUPERSEDED = counter(
     "Report streams replaced by a newer stream for the same node.",
     prefix=_P,
 )
+NODES_FORGOTTEN = counter(
+    "nodes_forgotten",
+    "Nodes forgotten after --ghost-ttl with no report stream and no Kubernetes Node object.",
+    prefix=_P,
+)
 STREAMS_REFUSED = counter(
     "streams_refused",
     "Report streams refused: a newer exporter already reports the node.",

@@ -121,6 +121,7 @@ class AggregatorCollector(Collector):
         yield family(names.STREAMS, value=stats.streams)
         yield family(names.STREAMS_SUPERSEDED, value=stats.superseded)
         yield family(names.STREAMS_REFUSED, value=stats.refused)
+        yield family(names.NODES_FORGOTTEN, value=stats.ghosts)
 
     def _fabric(self) -> Iterator[Metric]:
         state = self.sources.state

@@ -34,7 +34,7 @@ from aggregator.claimwatch import ClaimWatcher
 from aggregator.fabric import FabricSources
 from aggregator.http import HttpEndpoints
 from aggregator.http_placement import add_placement_routes
-from aggregator.ingest import ReporterService
+from aggregator.ingest import DEFAULT_MAX_NODES, ReporterService
 from aggregator.labels import desired_labels
 from aggregator.metrics import AggregatorCollector, Sources
 from aggregator.nodewatch import NodeWatcher
@@ -93,6 +93,10 @@ class AggregatorConfig:
     grpc_port: int = 0
     http_host: str = "127.0.0.1"
     http_port: int | None = None  # None: no HTTP endpoints
+    # A node silent this long, with no report stream and no Node object, is forgotten (0: never).
+    ghost_ttl_s: float = 600.0
+    # New nodes past this many are refused (RESOURCE_EXHAUSTED): state grows with the cluster.
+    max_nodes: int = DEFAULT_MAX_NODES
     # A placement search or topology dump longer than this answers DEADLINE_EXCEEDED.
     search_deadline_s: float = DEFAULT_SEARCH_DEADLINE_S
     # Also /healthz and /readyz alone in plain text here (the kubelet's probes cannot present a
@@ -153,6 +157,7 @@ class Aggregator:
             probes=self.probes,
             wall_clock=clock,
             require_node_identity=config.require_node_identity,
+            max_nodes=config.max_nodes,
             token_nodes=TokenNodes(
                 kube, accounts=config.exporter_accounts, audience=config.token_audience
             )
@@ -392,6 +397,21 @@ class Aggregator:
             await asyncio.sleep(self.config.housekeeping_interval_s)
             expired = self.state.expire()
             flipped = self.state.check_stale()
+            if self.config.ghost_ttl_s > 0:
+                ghosts = self.state.forget_ghosts(
+                    ttl_s=self.config.ghost_ttl_s,
+                    live=self.reporter.live_nodes,
+                    has_object=self._has_node_object,
+                )
+                if ghosts:
+                    self.reporter.stats.ghosts += len(ghosts)
+                    log.warning(
+                        "forgot %d node(s) silent for over %g s with no stream and no Node"
+                        " object: %s",
+                        len(ghosts),
+                        self.config.ghost_ttl_s,
+                        ", ".join(ghosts[:10]) + (" ..." if len(ghosts) > 10 else ""),
+                    )
             if expired:
                 log.info("expired %d reservation(s)", expired)
             if self.promises is not None and self.leading and self.placement.ready.is_set():
@@ -408,6 +428,10 @@ class Aggregator:
             if self.clock() - last_inference >= self.config.probe_inference_interval_s:
                 last_inference = self.clock()
                 self.refresh_probe_tiers()
+
+    def _has_node_object(self, node: str) -> bool:
+        """Whether a Kubernetes Node object of that name exists (False without a cluster)."""
+        return self.nodes is not None and self.state.kube_labels(node) is not None
 
     def refresh_probe_tiers(self) -> list[str]:
         """Infer tiers from the probe results so far; returns the nodes whose topology moved."""

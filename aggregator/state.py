@@ -22,7 +22,7 @@ publisher, metrics and `/api/v1`; placement keeps reading snapshots.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -331,6 +331,30 @@ class ClusterState:
         self._changed(ChangeKind.REMOVED, node)
         return True
 
+    def forget_ghosts(
+        self, *, ttl_s: float, live: Set[str], has_object: Callable[[str], bool]
+    ) -> list[str]:
+        """Forget exporter-reported nodes silent for longer than `ttl_s` that have no live
+        report stream (`live`) and no Kubernetes Node object (`has_object`); returns them.
+
+        A stale node stays visible (and unplaceable) while there is reason to think it exists:
+        a Node object, or a stream still open. Without either it is a ghost (a forged name, a
+        machine gone for good), and keeping it forever made state grow with what clients
+        claimed rather than with what the cluster has.
+        """
+        now = self._clock()
+        gone = [
+            name
+            for name, rec in self._nodes.items()
+            if rec.source == "exporter"
+            and now - rec.last_report > ttl_s
+            and name not in live
+            and not has_object(name)
+        ]
+        for name in gone:
+            self.remove_node(name)
+        return gone
+
     def node_deleted(self, node: str) -> None:
         """The node's Kubernetes Node object was deleted: forget its labels and the node.
 
@@ -359,6 +383,11 @@ class ClusterState:
     def node_names(self) -> list[str]:
         """Known nodes, sorted."""
         return sorted(self._nodes)
+
+    @property
+    def node_count(self) -> int:
+        """How many nodes are known."""
+        return len(self._nodes)
 
     def _is_stale(self, rec: NodeRecord, now: float) -> bool:
         return rec.source == "exporter" and now - rec.last_report > self.stale_after_s

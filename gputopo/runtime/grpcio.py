@@ -25,10 +25,14 @@ from gputopo.runtime.backoff import Backoff
 from gputopo.runtime.grpc_decode import UndecodableRequests
 from gputopo.runtime.tls import TlsFiles, channel_credentials, server_credentials
 
-__all__ = ["MAX_MESSAGE_BYTES", "bind", "channel", "server"]
+__all__ = ["MAX_MESSAGE_BYTES", "MAX_REQUEST_BYTES", "bind", "channel", "server"]
 
-# A full snapshot of a large node with every link measured stays far below this.
+# What a client accepts: a GetTopology of a large cluster with every link stays below this.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# What a server accepts: a report of the largest node the bounds allow (gputopo.bounds: 20,000
+# links) is a few MB, a placement request less; more is refused with RESOURCE_EXHAUSTED before
+# it is decoded, so no stream can make the server hold more than this per message.
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 _Option = tuple[str, int | str]
 
@@ -67,7 +71,7 @@ def server(*, options: Sequence[_Option] = ()) -> grpc.aio.Server:
     return grpc.aio.server(
         interceptors=[UndecodableRequests()],  # bad request bytes: INVALID_ARGUMENT, no traceback
         options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 5000),
             ("grpc.server.max_pending_requests", 50_000),

@@ -95,6 +95,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " default system:kube-scheduler); every other caller gets 403",
     )
     parser.add_argument(
+        "--ghost-ttl",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="forget a node silent this long that has no report stream and no Node object"
+        " (default %(default)s; 0 never)",
+    )
+    parser.add_argument(
+        "--max-nodes",
+        type=int,
+        default=50_000,
+        help="refuse reports for new nodes past this many (default %(default)s)",
+    )
+    parser.add_argument(
         "--search-deadline",
         type=float,
         default=20.0,
@@ -268,6 +282,8 @@ def run(args: argparse.Namespace) -> int:
         token_audience=args.token_audience,
         health_port=args.health_port,
         search_deadline_s=args.search_deadline,
+        ghost_ttl_s=args.ghost_ttl,
+        max_nodes=args.max_nodes,
         grpc_host=args.host,
         grpc_port=args.grpc_port,
         http_host=args.host,
