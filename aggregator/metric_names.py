@@ -28,6 +28,22 @@ TOPOLOGY_GENERATION = gauge(
     "topology_generation", "Changes the aggregator accepted since it started.", prefix=_P
 )
 RESERVATIONS = gauge("reservations", "Live reservations.", "state", prefix=_P)
+PLACEMENTS = counter(
+    "placements",
+    "Placement searches, by outcome (placed, unplaced, dry_run) and policy.",
+    "outcome",
+    "policy",
+    prefix=_P,
+)
+PLACEMENT_SECONDS = histogram(
+    "placement_seconds", "How long a placement search took to decide.", prefix=_P
+)
+PLACEMENT_REJECTIONS = counter(
+    "placement_rejections",
+    "Place, Commit and Release calls refused, by gRPC status (INVALID_ARGUMENT, ...).",
+    "code",
+    prefix=_P,
+)
 REPORTS = counter(
     "reports", "Exporter messages, by kind and outcome.", "kind", "outcome", prefix=_P
 )

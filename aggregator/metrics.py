@@ -24,6 +24,7 @@ from aggregator.ingest import FRESHNESS_BUCKETS, IngestStats
 from aggregator.metric_names import METRIC_NAMES
 from aggregator.probes import ProbeCoordinator
 from aggregator.publisher import LabelPublisher
+from aggregator.service import PLACEMENT_BUCKETS, PlacementStats
 from aggregator.state import ClusterState
 from gputopo.domains import NODE
 from gputopo.runtime.leader import LeaderElector
@@ -41,6 +42,7 @@ class Sources:
     publisher: LabelPublisher | None = None
     elector: LeaderElector | None = None
     probes: ProbeCoordinator | None = None
+    placement: PlacementStats | None = None
 
 
 class AggregatorCollector(Collector):
@@ -52,6 +54,7 @@ class AggregatorCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """One scrape."""
         yield from self._cluster()
+        yield from self._placement()
         yield from self._ingest()
         yield from self._fabric()
         yield from self._writers()
@@ -98,6 +101,23 @@ class AggregatorCollector(Collector):
         res.add_metric(["committed"], sum(1 for r in reservations if r.committed))
         res.add_metric(["pending"], sum(1 for r in reservations if not r.committed))
         yield res
+
+    def _placement(self) -> Iterator[Metric]:
+        stats = self.sources.placement
+        if stats is None:
+            return
+        decisions = family(names.PLACEMENTS)
+        for (outcome, policy), n in sorted(stats.decisions.items()):
+            decisions.add_metric([outcome, policy], n)
+        yield decisions
+        # cumulative already: PlacementStats counts a decision in every bucket it fits
+        buckets = [(str(b), n) for b, n in zip(PLACEMENT_BUCKETS, stats.buckets, strict=True)]
+        buckets.append(("+Inf", stats.count))
+        yield histogram_family(names.PLACEMENT_SECONDS, buckets=buckets, sum_value=stats.total_s)
+        rejections = family(names.PLACEMENT_REJECTIONS)
+        for code, n in sorted(stats.rejections.items()):
+            rejections.add_metric([code], n)
+        yield rejections
 
     def _ingest(self) -> Iterator[Metric]:
         stats = self.sources.ingest

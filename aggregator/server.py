@@ -222,6 +222,7 @@ class Aggregator:
                     publisher=self.publisher,
                     elector=self.elector,
                     probes=self.probes,
+                    placement=self.placement.stats,
                 )
             )
         )

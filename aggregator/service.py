@@ -16,8 +16,10 @@ import asyncio
 import contextlib
 import inspect
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
 
@@ -35,7 +37,7 @@ from gputopo.codec import (
     result_to_proto,
     timestamp,
 )
-from gputopo.placement import PlacementResult, UnknownPolicyError, place
+from gputopo.placement import DEFAULT_POLICY, PlacementResult, UnknownPolicyError, place
 from gputopo.request import PlacementRequest, RequestError
 from gputopo.reservations import Reservation, ReservationError
 from gputopo.runtime.identity import caller_of_rpc
@@ -161,6 +163,30 @@ def _who(caller: str) -> str:
     return repr(caller) if caller else "a plain-text (unauthenticated) caller"
 
 
+# Upper bounds (seconds) of the placement decision-time histogram.
+PLACEMENT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(slots=True)
+class PlacementStats:
+    """What Place, Commit and Release decided, for metrics (`aggregator.metrics`)."""
+
+    decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (outcome, policy)
+    rejections: Counter[str] = field(default_factory=Counter)  # gRPC status name
+    buckets: list[int] = field(default_factory=lambda: [0] * len(PLACEMENT_BUCKETS))
+    count: int = 0
+    total_s: float = 0.0
+
+    def decided(self, outcome: str, policy: str, seconds: float) -> None:
+        """One search's outcome (`placed`, `unplaced`, `dry_run`) and how long it took."""
+        self.decisions[(outcome, policy)] += 1
+        self.count += 1
+        self.total_s += seconds
+        for i, bound in enumerate(PLACEMENT_BUCKETS):
+            if seconds <= bound:
+                self.buckets[i] += 1
+
+
 class PlacementError(Exception):
     """A call that cannot be served: `status` is the gRPC status name, `message` says why (with
     the field path for a bad request). The HTTP mirror maps the same errors to 400 and 404."""
@@ -180,14 +206,18 @@ async def _answer(
     work: Callable[[_Req], _Resp | Awaitable[_Resp]],
     request: _Req,
     context: grpc.aio.ServicerContext[_Req, _Resp],
+    stats: PlacementStats | None = None,
 ) -> _Resp:
-    """Run one call's work; a `PlacementError` ends the call with its status and message."""
+    """Run one call's work; a `PlacementError` ends the call with its status and message
+    (counted by status in `stats`, when given: the calls that decide placements)."""
     try:
         answer = work(request)
         if inspect.isawaitable(answer):
             return await answer
         return answer
     except PlacementError as err:
+        if stats is not None:
+            stats.rejections[err.status.name] += 1
         await context.abort(err.status, err.message)
 
 
@@ -230,6 +260,7 @@ class PlacementService(pgrpc.PlacementServicer):
         self.deadlines = 0  # searches that ran past the deadline
         self.researches = 0  # searches run again because their GPUs were taken meanwhile
         self._reserving = asyncio.Lock()
+        self.stats = PlacementStats()
         self.denied = 0  # Commit/Release refused to a caller that does not hold the reservation
         # Set once reservations are restored (at once without a durable store): until then
         # no Place that reserves, Commit or Release is answered.
@@ -371,6 +402,8 @@ class PlacementService(pgrpc.PlacementServicer):
                 " try again",
             )
         resp = self._response(result, snapshot, seconds)
+        outcome = "dry_run" if request.dry_run else ("placed" if result.placed else "unplaced")
+        self.stats.decided(outcome, policy or DEFAULT_POLICY, seconds)
         if result.placed and not request.dry_run:
             reservation = self._state.reserve(
                 result, ttl_s=ttl, job=request.request.job, holder=caller
@@ -564,7 +597,7 @@ class PlacementService(pgrpc.PlacementServicer):
     ) -> ppb.PlaceResponse:
         """See `place_kept`."""
         work = partial(self.place_kept, caller=caller_of_rpc(context))
-        return await _answer(work, request, context)
+        return await _answer(work, request, context, self.stats)
 
     async def Commit(  # noqa: N802
         self,
@@ -573,7 +606,7 @@ class PlacementService(pgrpc.PlacementServicer):
     ) -> ppb.CommitResponse:
         """See `commit_kept`."""
         work = partial(self.commit_kept, caller=caller_of_rpc(context))
-        return await _answer(work, request, context)
+        return await _answer(work, request, context, self.stats)
 
     async def Release(  # noqa: N802
         self,
@@ -582,7 +615,7 @@ class PlacementService(pgrpc.PlacementServicer):
     ) -> ppb.ReleaseResponse:
         """See `release_kept`."""
         work = partial(self.release_kept, caller=caller_of_rpc(context))
-        return await _answer(work, request, context)
+        return await _answer(work, request, context, self.stats)
 
     async def Explain(  # noqa: N802
         self,
