@@ -6,16 +6,23 @@ Prometheus conventions (the shape is `gputopo.runtime.metrics.MetricSpec`, the s
 every process): the `gputopo_` prefix, base units (bytes per second, seconds), `_total`
 for counters; bandwidth here is bytes/s per direction, where the rest of gputopo says GB/s.
 
-Labels: `gpu` is the NVML index, `uuid` the GPU UUID; a link's ends `a` and `b` are device
-names such as `gpu0`, `nic3`, `numa1`; `kind` the link kind (NVLINK, PIX, ... SYS) and `code`
-nvidia-smi's cell (NV18, PXB); `state` is `ok`, `degraded` or `down`.
+Labels: every per-GPU series carries DCGM exporter's own GPU labels, spelt and formatted as it
+does (`GPU_LABELS`: `gpu` the NVML index, `UUID`, `pci_bus_id` as `00000000:18:00.0`,
+`Hostname` the node), so `gputopo_gpu_info * on(UUID) group_left DCGM_FI_DEV_GPU_UTIL` and the
+like join without relabelling. A link's ends `a` and `b` are device names such as `gpu0`,
+`nic3`, `numa1`; `kind` the link kind (NVLINK, PIX, ... SYS) and `code` nvidia-smi's cell
+(NV18, PXB); `state` is `ok`, `degraded` or `down`.
 """
 
 from __future__ import annotations
 
 from gputopo.runtime.metrics import MetricSpec, counter, gauge
 
-__all__ = ["ALL", "MetricSpec"]
+__all__ = ["ALL", "GPU_LABELS", "MetricSpec"]
+
+# dcgm-exporter's per-GPU labels (its render_metrics template; `Hostname` as its releases up to
+# 3.x spell it), first on every per-GPU family here.
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "Hostname")
 
 
 def _gauge(name: str, help_text: str, *labels: str) -> MetricSpec:
@@ -46,38 +53,30 @@ NUMA_NODES = _gauge("numa_nodes", "NUMA nodes discovered on the node.")
 GPU_INFO = _gauge(
     "gpu_info",
     "One GPU as discovered (always 1).",
-    "gpu",
-    "uuid",
-    "pci_bus_id",
+    *GPU_LABELS,
     "name",
     "numa_node",
 )
 GPU_HEALTH = _gauge(
-    "gpu_health", "A GPU's health (1 for its current state).", "gpu", "uuid", "state", "reason"
+    "gpu_health", "A GPU's health (1 for its current state).", *GPU_LABELS, "state", "reason"
 )
-GPU_NVLINK_ACTIVE_LANES = _gauge(
-    "gpu_nvlink_active_lanes", "Active NVLinks of a GPU.", "gpu", "uuid"
-)
-GPU_NVLINK_MAX_LANES = _gauge(
-    "gpu_nvlink_max_lanes", "NVLinks a GPU has, up or down.", "gpu", "uuid"
-)
+GPU_NVLINK_ACTIVE_LANES = _gauge("gpu_nvlink_active_lanes", "Active NVLinks of a GPU.", *GPU_LABELS)
+GPU_NVLINK_MAX_LANES = _gauge("gpu_nvlink_max_lanes", "NVLinks a GPU has, up or down.", *GPU_LABELS)
 GPU_NVLINK_ERRORS = _counter(
     "gpu_nvlink_errors",
     "NVLink error counters as NVML reports them (replay, recovery, crc_flit, crc_data).",
-    "gpu",
-    "uuid",
+    *GPU_LABELS,
     "link",
     "counter",
 )
 GPU_PCIE_GENERATION = _gauge(
     "gpu_pcie_link_generation",
     "PCIe generation of a GPU's link as NVML reads it now (`current`, low when idle) and at most.",
-    "gpu",
-    "uuid",
+    *GPU_LABELS,
     "which",
 )
 GPU_PCIE_WIDTH = _gauge(
-    "gpu_pcie_link_width", "PCIe lanes of a GPU's link, now and at most.", "gpu", "uuid", "which"
+    "gpu_pcie_link_width", "PCIe lanes of a GPU's link, now and at most.", *GPU_LABELS, "which"
 )
 GPU_P2P_STATUS = _gauge(
     "gpu_p2p_status",

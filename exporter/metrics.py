@@ -79,7 +79,7 @@ class ExporterCollector(Collector):
         if view.topology is not None:
             _topology(out, view.topology)
         if view.discovery is not None:
-            _readings(out, view.discovery)
+            _readings(out, view.discovery, view.node_name)
         _probes(out, view.probes)
         _stream(out, view.stream)
         yield from out
@@ -113,12 +113,12 @@ def _topology(out: _Families, topology: NodeTopology) -> None:
     out.add(names.NICS, len(topology.nics))
     out.add(names.NUMA_NODES, len(topology.numa_nodes))
     for g in topology.gpus:
-        gpu, uuid = str(g.index), g.uuid
+        ids = _gpu_labels(g.index, g.uuid, g.pci_bus_id, topology.name)
         numa = "" if g.numa_node is None else str(g.numa_node)
-        out.add(names.GPU_INFO, 1, gpu, uuid, g.pci_bus_id, g.name, numa)
-        out.add(names.GPU_HEALTH, 1, gpu, uuid, g.health.name.lower(), g.health_reason)
-        out.add(names.GPU_NVLINK_ACTIVE_LANES, g.nvlink_lanes, gpu, uuid)
-        out.add(names.GPU_NVLINK_MAX_LANES, g.nvlink_max_lanes, gpu, uuid)
+        out.add(names.GPU_INFO, 1, *ids, g.name, numa)
+        out.add(names.GPU_HEALTH, 1, *ids, g.health.name.lower(), g.health_reason)
+        out.add(names.GPU_NVLINK_ACTIVE_LANES, g.nvlink_lanes, *ids)
+        out.add(names.GPU_NVLINK_MAX_LANES, g.nvlink_max_lanes, *ids)
     for link in topology.links:
         a, b, kind = str(link.a), str(link.b), link.kind.name
         out.add(names.LINK_NOMINAL, link.nominal_gbps * _GB, a, b, kind, link.code)
@@ -129,21 +129,41 @@ def _topology(out: _Families, topology: NodeTopology) -> None:
     out.add(names.DEGRADED_LINKS, degraded)
 
 
-def _readings(out: _Families, result: DiscoveryResult) -> None:
+def dcgm_bus_id(bus_id: str) -> str:
+    """A PCI address as DCGM exporter labels it (NVML's form: `00000000:B1:00.0`, an 8-digit
+    domain, upper-case hex); gputopo keeps sysfs's `0000:b1:00.0`. Not an address: unchanged."""
+    parts = bus_id.strip().split(":")
+    if len(parts) == 3 and "." in parts[2]:
+        device, _, function = parts[2].partition(".")
+        try:
+            return (
+                f"{int(parts[0], 16):08X}:{int(parts[1], 16):02X}:{int(device, 16):02X}.{function}"
+            )
+        except ValueError:
+            return bus_id
+    return bus_id
+
+
+def _gpu_labels(index: int, uuid: str, bus_id: str, node: str) -> tuple[str, str, str, str]:
+    """The values of `names.GPU_LABELS` for one GPU."""
+    return str(index), uuid, dcgm_bus_id(bus_id), node
+
+
+def _readings(out: _Families, result: DiscoveryResult, node: str) -> None:
     uuids = {g.index: g.uuid for g in result.nvml.gpus}
     for g in result.nvml.gpus:
-        gpu, uuid = str(g.index), g.uuid
+        ids = _gpu_labels(g.index, g.uuid, g.pci_bus_id, node)
         for which, gen, width in (
             ("current", g.pcie_generation, g.pcie_width),
             ("max", g.pcie_max_generation, g.pcie_max_width),
         ):
             if gen is not None:
-                out.add(names.GPU_PCIE_GENERATION, gen, gpu, uuid, which)
+                out.add(names.GPU_PCIE_GENERATION, gen, *ids, which)
             if width is not None:
-                out.add(names.GPU_PCIE_WIDTH, width, gpu, uuid, which)
+                out.add(names.GPU_PCIE_WIDTH, width, *ids, which)
         for link in g.nvlinks:
             for counter, value in link.errors.items():
-                out.add(names.GPU_NVLINK_ERRORS, value, gpu, uuid, str(link.link), counter)
+                out.add(names.GPU_NVLINK_ERRORS, value, *ids, str(link.link), counter)
     for pair in result.nvml.pairs:
         if pair.p2p_read is None:
             continue

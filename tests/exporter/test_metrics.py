@@ -110,3 +110,18 @@ def test_prometheus_scrapes_a_gpu_node_and_a_node_without_gpus(
             assert all(v >= 1 for v in runs.values())
 
     run(scenario(), timeout_s=120)
+
+
+@pytest.mark.parametrize(
+    ("sysfs", "dcgm"),
+    [
+        ("0000:18:00.0", "00000000:18:00.0"),
+        ("0000:b1:00.0", "00000000:B1:00.0"),
+        ("0001:00:00.0", "00000001:00:00.0"),
+        ("not an address", "not an address"),
+    ],
+)
+def test_bus_ids_are_labelled_as_dcgm_exporter_writes_them(sysfs: str, dcgm: str) -> None:
+    from exporter.metrics import dcgm_bus_id
+
+    assert dcgm_bus_id(sysfs) == dcgm
