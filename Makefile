@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck contracts unit proto setup clean kube-apiserver
+.PHONY: demo test lint typecheck contracts unit proto setup clean kube-apiserver dashboards
 
 demo: $(STAMP)
 	$(BIN)/gputopo demo
@@ -52,6 +52,10 @@ kube-apiserver:
 # Regenerate the gputopo.v1 code after editing proto/ (tests fail while it is stale).
 proto: $(STAMP)
 	scripts/gen-proto.sh
+
+# Regenerate the Grafana dashboards in dashboards/ after changing a metric (tests fail while stale).
+dashboards: $(STAMP)
+	$(BIN)/python dashboards/generate.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
