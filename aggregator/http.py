@@ -11,6 +11,8 @@ Those three come from the boot every process shares (`gputopo.runtime.http`).
   (`TopologyCache`): a dashboard polling it gets the same bytes until the state changes or
   `max_age_s` passes, and never slows Place or the probes. `?limit=N` pages it by node name;
   the answer's `continue` (absent on the last page) is passed back as `?continue=`.
+- `/ui/`: the topology page (`aggregator/ui/`, static files): the fabric tree with free and
+  held GPUs, a node's GPU link matrix, a reservation's GPUs highlighted (`?reservation=ID`).
 - `/api/v1/nodes/{name}/sources`: where each part of the node's fabric position came from, what
   every source said, the conflicts, the labels this aggregator wants on the node, and what
   holds its GPUs (reservations, and pods bound by anyone: `occupancy`).
@@ -23,6 +25,7 @@ import base64
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -34,7 +37,9 @@ from aggregator.service import cluster_message, dump_facts
 from aggregator.state import ClusterState
 from gputopo.runtime.http import HttpServer, ProbeResult
 
-__all__ = ["HttpEndpoints", "TopologyCache"]
+__all__ = ["UI", "HttpEndpoints", "TopologyCache"]
+
+UI = Path(__file__).parent / "ui"  # the topology page, shipped as package data
 
 # A cached topology is served for at most this long even when nothing changed (its `as_of` and
 # the nodes' last reports move on).
@@ -185,6 +190,9 @@ class HttpEndpoints:
         return self._server.app()
 
     def _add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/ui", self._ui_redirect)
+        app.router.add_get("/ui/", self._ui_index)
+        app.router.add_static("/ui/", UI)
         app.router.add_get("/api/v1/topology", self._topology)
         app.router.add_get("/api/v1/nodes/{name}", self._node)
         app.router.add_get("/api/v1/nodes/{name}/sources", self._sources)
@@ -202,6 +210,12 @@ class HttpEndpoints:
     async def stop(self) -> None:
         """Stop serving."""
         await self._server.stop()
+
+    async def _ui_redirect(self, request: web.Request) -> web.Response:
+        raise web.HTTPFound("ui/")
+
+    async def _ui_index(self, request: web.Request) -> web.FileResponse:
+        return web.FileResponse(UI / "index.html")
 
     def _readyz(self) -> ProbeResult:
         ready = self._ready()

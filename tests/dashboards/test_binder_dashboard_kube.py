@@ -1,9 +1,9 @@
 """The gang binder's dashboard returns data from a real Prometheus scraping a real binder.
 
 The binder runs against the real test API server and an aggregator with simulated exporters
-(the binder tests' setup), binds two pods (each a gang of one), and its metrics are served by the same
-collector `gputopo scheduler` registers; every panel query of `gputopo-binder.json` must then
-return at least one series.
+(the binder tests' setup), binds two pods (each a gang of one), and its metrics are served by
+the collector `gputopo scheduler` registers; every panel query of `gputopo-binder.json` must
+then return at least one series.
 """
 
 from __future__ import annotations

@@ -1,0 +1,218 @@
+// gputopo's topology page: the fabric tree with each node's free and held GPUs, a node's GPU
+// link matrix coloured by bandwidth (degraded links outlined), and a placement's GPUs
+// highlighted (?reservation=ID). Data: /api/v1/topology, /api/v1/nodes/NAME and
+// /api/v1/placement/explain, all relative to this page.
+"use strict";
+
+const params = new URLSearchParams(location.search);
+
+async function getJSON(url, init) {
+  const resp = await fetch(url, init);
+  if (!resp.ok) throw new Error(`${url}: HTTP ${resp.status}`);
+  return resp.json();
+}
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v;
+    else if (k.startsWith("data-")) node.setAttribute(k, v);
+    else if (k === "onclick") node.addEventListener("click", v);
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c);
+  return node;
+}
+
+async function placementGPUs() {
+  const rid = params.get("reservation");
+  if (!rid) return {};
+  try {
+    const resp = await getJSON("../api/v1/placement/explain", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ reservation_id: rid }),
+    });
+    const out = {};
+    for (const a of resp.assignments || []) {
+      out[a.node] = new Set([...(out[a.node] || []), ...(a.gpus || [])]);
+    }
+    document.getElementById("placement").textContent = `placement ${rid.slice(0, 8)}…`;
+    return out;
+  } catch (err) {
+    document.getElementById("placement").textContent = `placement ${rid}: ${err.message}`;
+    return {};
+  }
+}
+
+function gpuSquares(state, placed) {
+  const box = el("div", { class: "gpus" });
+  const free = new Set(state.free_gpus || []);
+  const reserved = new Set(state.reserved_gpus || []);
+  const count = (state.topology.gpus || []).length;
+  for (let i = 0; i < count; i++) {
+    let kind = free.has(i) ? "free" : reserved.has(i) ? "reserved" : "allocated";
+    if (placed && placed.has(i)) kind = "placed";
+    box.append(el("span", { class: `gpu ${kind}`, title: `GPU ${i}: ${kind}`, "data-gpu": String(i) }));
+  }
+  return box;
+}
+
+function nodeCard(state, placed) {
+  const name = state.topology.name;
+  const free = (state.free_gpus || []).length;
+  const total = (state.topology.gpus || []).length;
+  const card = el(
+    "div",
+    {
+      class: `node${state.stale ? " stale" : ""}`,
+      "data-node": name,
+      "data-free": String(free),
+      "data-total": String(total),
+      onclick: () => { location.hash = `node=${encodeURIComponent(name)}`; },
+    },
+    el("span", { class: "name" }, name),
+    el("span", { class: "free" }, `${free}/${total} free${state.stale ? " · stale" : ""}`),
+    gpuSquares(state, placed),
+  );
+  return card;
+}
+
+function buildTree(topology, placed) {
+  const states = new Map(topology.nodes.map((n) => [n.topology.name, n]));
+  const domains = topology.domains || [];
+  const tiers = domains.filter((d) => d.level.startsWith("tier-"));
+  const nvlinkOf = new Map();
+  for (const d of domains.filter((d) => d.level === "nvlink")) {
+    for (const n of d.nodes) nvlinkOf.set(n, d);
+  }
+  const children = new Map();
+  for (const d of tiers) {
+    const key = d.parent || "";
+    if (!children.has(key)) children.set(key, []);
+    children.get(key).push(d);
+  }
+  const placedNodes = new Set();
+  const render = (d) => {
+    const box = el(
+      "div",
+      { class: `domain ${d.level}`, "data-domain": d.id, "data-level": d.level },
+      el("div", { class: "title" }, d.id.split("/").pop(),
+        el("span", { class: "count" }, `${d.level} · ${d.free_gpus}/${d.total_gpus} GPUs free`)),
+    );
+    const kids = (children.get(d.id) || []).sort((a, b) => a.id.localeCompare(b.id));
+    if (kids.length) {
+      for (const k of kids) box.append(render(k));
+    } else {
+      const groups = new Map();
+      for (const n of d.nodes) {
+        const nv = nvlinkOf.get(n);
+        const key = nv ? nv.id : "";
+        if (!groups.has(key)) groups.set(key, []);
+        groups.get(key).push(n);
+      }
+      for (const [key, names] of groups) {
+        const holder = key
+          ? el("div", { class: "nvgroup", "data-nvlink": key },
+              el("span", { class: "nvlink" }, `NVLink domain ${key.slice(0, 8)}… · ${nvlinkOf.get(names[0]).free_gpus}/${nvlinkOf.get(names[0]).total_gpus} free`))
+          : el("div", {});
+        for (const n of names.sort()) {
+          if (states.has(n)) { holder.append(nodeCard(states.get(n), placed[n])); placedNodes.add(n); }
+        }
+        box.append(holder);
+      }
+    }
+    return box;
+  };
+  const tree = document.getElementById("tree");
+  tree.replaceChildren();
+  for (const top of (children.get("") || []).sort((a, b) => a.id.localeCompare(b.id))) {
+    tree.append(render(top));
+  }
+  const loose = [...states.keys()].filter((n) => !placedNodes.has(n)).sort();
+  if (loose.length) {
+    const box = el("div", { class: "domain", "data-domain": "" }, el("div", { class: "title" }, "no fabric position"));
+    for (const n of loose) box.append(nodeCard(states.get(n), placed[n]));
+    tree.append(box);
+  }
+}
+
+function colour(gbps, best) {
+  if (gbps <= 0) return "#c9ced8";
+  const t = Math.max(0, Math.min(1, Math.log(gbps) / Math.log(Math.max(best, 2))));
+  const hue = 10 + t * 120; // red (slow) to green (fast)
+  return `hsl(${hue}, 60%, 42%)`;
+}
+
+async function showNode(name, placed) {
+  const detail = document.getElementById("detail");
+  for (const c of document.querySelectorAll(".node.selected")) c.classList.remove("selected");
+  const card = document.querySelector(`.node[data-node="${CSS.escape(name)}"]`);
+  if (card) card.classList.add("selected");
+  let state;
+  try {
+    state = await getJSON(`../api/v1/nodes/${encodeURIComponent(name)}`);
+  } catch (err) {
+    detail.replaceChildren(el("p", { class: "error" }, err.message));
+    return;
+  }
+  const topo = state.topology;
+  const gpus = topo.gpus || [];
+  const cells = new Map();
+  let best = 1;
+  for (const lk of topo.links || []) {
+    if (lk.a.kind !== "DEVICE_KIND_GPU" || lk.b.kind !== "DEVICE_KIND_GPU") continue;
+    const gbps = lk.measured && lk.measured.gbps > 0 ? lk.measured.gbps : lk.nominal_gbps || 0;
+    best = Math.max(best, gbps);
+    for (const [x, y] of [[lk.a.index, lk.b.index], [lk.b.index, lk.a.index]]) cells.set(`${x},${y}`, { lk, gbps });
+  }
+  const mine = placed[name] || new Set();
+  const head = el("tr", {}, el("th", {}, ""));
+  for (const g of gpus) head.append(el("th", { class: mine.has(g.index) ? "placed" : "" }, `GPU${g.index}`));
+  const table = el("table", { class: "matrix", "data-node": name }, head);
+  for (const row of gpus) {
+    const tr = el("tr", {}, el("th", { class: mine.has(row.index) ? "placed" : "" }, `GPU${row.index}`));
+    for (const col of gpus) {
+      if (row.index === col.index) { tr.append(el("td", { class: "cell self" }, "–")); continue; }
+      const hit = cells.get(`${row.index},${col.index}`);
+      const degraded = hit && hit.lk.health && hit.lk.health !== "LINK_HEALTH_OK";
+      const kind = hit ? hit.lk.kind.replace("LINK_KIND_", "") : "?";
+      const td = el("td", {
+        class: `cell${degraded ? " degraded" : ""}`,
+        "data-gbps": hit ? String(hit.gbps) : "0",
+        title: hit ? `${kind} ${hit.gbps.toFixed(0)} GB/s${degraded ? ` — ${hit.lk.health_reason || "degraded"}` : ""}` : "no link",
+      }, hit ? `${kind === "NVLINK" ? "NV" : kind} ${hit.gbps.toFixed(0)}${degraded ? "⚠" : ""}` : "");
+      td.style.background = colour(hit ? hit.gbps : 0, best);
+      tr.append(td);
+    }
+    table.append(tr);
+  }
+  detail.replaceChildren(
+    el("h2", {}, name, el("span", { class: "count" }, `${gpus[0] ? gpus[0].name : ""} · GB/s per direction`)),
+    table,
+  );
+}
+
+async function main() {
+  const summary = document.getElementById("summary");
+  try {
+    const [topology, placed] = await Promise.all([getJSON("../api/v1/topology?links=false"), placementGPUs()]);
+    const free = topology.nodes.reduce((s, n) => s + (n.free_gpus || []).length, 0);
+    const total = topology.nodes.reduce((s, n) => s + (n.topology.gpus || []).length, 0);
+    summary.textContent = `${topology.nodes.length} nodes · ${free}/${total} GPUs free`;
+    buildTree(topology, placed);
+    const route = async () => {
+      const m = location.hash.match(/node=([^&]+)/);
+      if (m) await showNode(decodeURIComponent(m[1]), placed);
+    };
+    window.addEventListener("hashchange", route);
+    await route();
+    document.body.setAttribute("data-ready", "true");
+  } catch (err) {
+    summary.textContent = "";
+    document.getElementById("tree").replaceChildren(el("p", { class: "error" }, err.message));
+    document.body.setAttribute("data-ready", "error");
+  }
+}
+
+main();

@@ -1,0 +1,105 @@
+"""Headless Chromium for tests: render a page the way a browser does, dump its DOM, screenshot it.
+
+Web pages are tested in a real browser (Debian's `chromium` package), not by reading their
+HTML: the topology page builds everything with JavaScript from the aggregator's JSON. The
+command line is enough for that (`--dump-dom` prints the DOM once the page's scripts have run
+within the virtual time budget; `--screenshot` writes a PNG); no WebDriver, no downloads.
+A missing binary fails with the command that installs it, as the Prometheus harness does.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+__all__ = ["ChromiumNotFoundError", "dump_dom", "find_chromium", "screenshot"]
+
+_INSTALL = "apt-get install -y --no-install-recommends chromium"
+
+
+class ChromiumNotFoundError(RuntimeError):
+    """No chromium binary; the message names the command that installs it."""
+
+
+def find_chromium() -> Path:
+    """The chromium binary, installed with apt-get when missing and we may (root)."""
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return Path(found)
+    if shutil.which("apt-get") and Path("/proc/self").exists() and _is_root():
+        subprocess.run(
+            ["bash", "-c", f"DEBIAN_FRONTEND=noninteractive {_INSTALL}"],
+            check=False,
+            capture_output=True,
+            timeout=900,
+        )
+        found = shutil.which("chromium")
+        if found:
+            return Path(found)
+    raise ChromiumNotFoundError(f"no chromium on PATH; install it: {_INSTALL}")
+
+
+def _is_root() -> bool:
+    import os
+
+    return os.geteuid() == 0
+
+
+def _run(args: list[str], profile: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    profile.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        [
+            str(find_chromium()),
+            "--headless",
+            "--no-sandbox",  # as root in a container: the sandbox needs user namespaces
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def dump_dom(url: str, *, profile: Path, budget_ms: int = 8000, timeout_s: float = 90) -> str:
+    """The page's DOM after its scripts ran (within `budget_ms` of virtual time)."""
+    done = _run([f"--virtual-time-budget={budget_ms}", "--dump-dom", url], profile, timeout_s)
+    if done.returncode != 0 or not done.stdout:
+        raise RuntimeError(
+            f"chromium --dump-dom {url}: rc {done.returncode}: {done.stderr[-2000:]}"
+        )
+    return done.stdout
+
+
+def screenshot(
+    url: str,
+    path: Path,
+    *,
+    profile: Path,
+    size: tuple[int, int] = (1400, 1000),
+    budget_ms: int = 8000,
+    timeout_s: float = 90,
+) -> Path:
+    """A PNG of the page as rendered at `size`."""
+    done = _run(
+        [
+            f"--virtual-time-budget={budget_ms}",
+            f"--window-size={size[0]},{size[1]}",
+            f"--screenshot={path}",
+            url,
+        ],
+        profile,
+        timeout_s,
+    )
+    if not path.exists():
+        raise RuntimeError(
+            f"chromium --screenshot {url}: rc {done.returncode}: {done.stderr[-2000:]}"
+        )
+    return path
