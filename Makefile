@@ -63,10 +63,14 @@ clean:
 # Tests marked `prometheus` scrape the exporter and the aggregator with a real Prometheus
 # (Debian's package, installed once when missing; needs root for apt-get, like the
 # kube-apiserver build).
-.PHONY: prometheus test-gpu
-unit: prometheus
+.PHONY: prometheus chromium test-gpu
+unit: prometheus chromium
 prometheus:
 	@scripts/ensure-prometheus.sh
+
+# Tests marked `browser` render the aggregator's /ui/ page in Debian's headless chromium.
+chromium:
+	@scripts/ensure-chromium.sh
 
 # Tests marked `gpu` need an NVIDIA GPU and driver; they live in tests/gpu. `make test` deselects
 # them explicitly (they are not collected as skips that would look like passes). `make test-gpu`

@@ -4,7 +4,8 @@ Web pages are tested in a real browser (Debian's `chromium` package), not by rea
 HTML: the topology page builds everything with JavaScript from the aggregator's JSON. The
 command line is enough for that (`--dump-dom` prints the DOM once the page's scripts have run
 within the virtual time budget; `--screenshot` writes a PNG); no WebDriver, no downloads.
-A missing binary fails with the command that installs it, as the Prometheus harness does.
+A missing binary fails with the command that installs it, as the Prometheus harness does
+(`make test` installs it first: scripts/ensure-chromium.sh).
 """
 
 from __future__ import annotations
@@ -23,28 +24,12 @@ class ChromiumNotFoundError(RuntimeError):
 
 
 def find_chromium() -> Path:
-    """The chromium binary, installed with apt-get when missing and we may (root)."""
+    """The chromium binary (`make chromium` installs it: scripts/ensure-chromium.sh)."""
     for name in ("chromium", "chromium-browser"):
         found = shutil.which(name)
         if found:
             return Path(found)
-    if shutil.which("apt-get") and Path("/proc/self").exists() and _is_root():
-        subprocess.run(
-            ["bash", "-c", f"DEBIAN_FRONTEND=noninteractive {_INSTALL}"],
-            check=False,
-            capture_output=True,
-            timeout=900,
-        )
-        found = shutil.which("chromium")
-        if found:
-            return Path(found)
-    raise ChromiumNotFoundError(f"no chromium on PATH; install it: {_INSTALL}")
-
-
-def _is_root() -> bool:
-    import os
-
-    return os.geteuid() == 0
+    raise ChromiumNotFoundError(f"no chromium on PATH; run make chromium (or {_INSTALL})")
 
 
 def _run(args: list[str], profile: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
