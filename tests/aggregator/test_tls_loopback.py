@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -15,35 +14,12 @@ import aiohttp
 from aggregator.server import Aggregator, AggregatorConfig
 from gputopo.runtime.tls import TlsFiles, ssl_client_context
 from tests.aggregator.kubeutil import run
+from tests.exporter_process import start_exporter
 from tests.harness.certs import TestCA
 
 
-def _exporter(node: str, port: int, tls: TlsFiles | None) -> subprocess.Popen[bytes]:
-    flags = (
-        [f"--tls-cert={tls.cert}", f"--tls-key={tls.key}", f"--tls-ca={tls.ca}"]
-        if tls is not None
-        else ["--insecure"]
-    )
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gputopo",
-            "exporter",
-            "--simulate",
-            "dgx-h100",
-            "--node-name",
-            node,
-            "--aggregator",
-            f"localhost:{port}",
-            "--http-port=0",
-            "--probe-port=0",
-            "--no-peer-probes",
-            *flags,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+def _exporter(node: str, port: int, tls: TlsFiles | None, logs: Path) -> subprocess.Popen[bytes]:
+    return start_exporter(node, f"localhost:{port}", logs / f"{node}-{id(tls)}.log", tls=tls)
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -51,8 +27,6 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
         p.terminate()
     for p in procs:
         p.wait(timeout=30)
-        assert p.stderr is not None
-        p.stderr.close()
 
 
 def test_a_node_certificate_may_report_only_its_own_node(tmp_path: Path) -> None:
@@ -68,9 +42,9 @@ def test_a_node_certificate_may_report_only_its_own_node(tmp_path: Path) -> None
         )
         await agg.start()
         procs = [
-            _exporter("a100-02", agg.grpc_port, own),
-            _exporter("a100-03", agg.grpc_port, anonymous),
-            _exporter("a100-01", agg.grpc_port, own),
+            _exporter("a100-02", agg.grpc_port, own, tmp_path),
+            _exporter("a100-03", agg.grpc_port, anonymous, tmp_path),
+            _exporter("a100-01", agg.grpc_port, own, tmp_path),
         ]
         try:
             denied = agg.reporter.stats.rejected
@@ -98,8 +72,8 @@ def test_exporter_and_aggregator_speak_mutual_tls_and_refuse_plain_text(tmp_path
         agg = Aggregator(AggregatorConfig(http_port=0, heartbeat_interval_s=0.2, tls=server))
         await agg.start()
         procs = [
-            _exporter("tls-node", agg.grpc_port, client),
-            _exporter("plain-node", agg.grpc_port, None),
+            _exporter("tls-node", agg.grpc_port, client, tmp_path),
+            _exporter("plain-node", agg.grpc_port, None, tmp_path),
         ]
         try:
             for _ in range(600):

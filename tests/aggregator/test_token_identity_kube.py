@@ -9,8 +9,6 @@ another audience, of another account, or of a pod since deleted reports nothing.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from aggregator.tokens import IdentityError, TokenNodes
 from gputopo.runtime.kube import KubeClient
 from gputopo.runtime.tls import TlsFiles
 from tests.aggregator.kubeutil import aggregator, create_nodes, eventually, read_nodes, run
+from tests.exporter_process import start_exporter
 from tests.harness.certs import TestCA
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
@@ -85,19 +84,8 @@ def _token(
 
 
 def _exporter(node: str, port: int, tls: TlsFiles, token: Path | None, log: Path) -> Any:
-    flags = [f"--tls-cert={tls.cert}", f"--tls-key={tls.key}", f"--tls-ca={tls.ca}"]
-    if token is not None:
-        flags.append(f"--identity-token={token}")
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [
-                *(sys.executable, "-m", "gputopo", "exporter", "--simulate=dgx-h100"),
-                *(f"--node-name={node}", f"--aggregator=localhost:{port}"),
-                *("--http-port=0", "--probe-port=0", "--no-peer-probes", *flags),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    extra = (f"--identity-token={token}",) if token is not None else ()
+    return start_exporter(node, f"localhost:{port}", log, tls=tls, extra=extra)
 
 
 def test_a_token_lets_an_exporter_report_its_own_node_and_no_other(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,6 +31,7 @@ from tests.aggregator.kubeutil import (
     read_nodes,
     run,
 )
+from tests.exporter_process import start_exporter
 from tests.harness.certs import TestCA
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
@@ -45,21 +45,7 @@ TP4 = request_from_mapping({"job": "tp4", "groups": [{"name": "tp", "pods": 1, "
 def _exporter(
     node: str, profile: str, port: int, tls: TlsFiles | None, log: Path
 ) -> subprocess.Popen[bytes]:
-    flags = (
-        [f"--tls-cert={tls.cert}", f"--tls-key={tls.key}", f"--tls-ca={tls.ca}"]
-        if tls is not None
-        else ["--insecure"]
-    )
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [
-                *(sys.executable, "-m", "gputopo", "exporter", f"--simulate={profile}"),
-                *(f"--node-name={node}", f"--aggregator=localhost:{port}"),
-                *("--http-port=0", "--probe-port=0", "--no-peer-probes", *flags),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    return start_exporter(node, f"localhost:{port}", log, tls=tls, profile=profile)
 
 
 def test_reports_for_another_node_and_a_strangers_release_are_refused(

@@ -9,17 +9,15 @@ then return at least one series.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gputopo.runtime import grpcio
+from aggregator.server import KubeOptions
 from gputopo.runtime.http import HttpServer
 from gputopo.runtime.kube import KubeClient
-from gputopo.runtime.placement_client import PlacementClient
-from scheduler.binder import Binder, BinderConfig
+from scheduler.binder import BinderConfig
 from scheduler.metrics import SchedulerCollector
 from tests.aggregator.kubeutil import aggregator, create_nodes, eventually, exporters
 from tests.builders import fabric_cluster
@@ -27,7 +25,7 @@ from tests.dashboards.test_dashboards_prometheus import panel_queries
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
 from tests.harness.prometheus import Prometheus
-from tests.scheduler.kubeutil import create, gpu_pod, pods_of
+from tests.scheduler.kubeutil import binder, create, gpu_pod, pods_of
 
 pytestmark = [pytest.mark.kube, pytest.mark.prometheus, pytest.mark.slow]
 
@@ -44,24 +42,19 @@ def test_every_binder_panel_returns_data(
     results: dict[str, object] = {}
 
     async def body() -> None:
-        from aggregator.server import KubeOptions
-
         await create_nodes(kube_apiserver, [n.name for n in nodes])
         kube = KubeClient(kube_apiserver.api_client())
         try:
             async with (
                 aggregator(kube_apiserver, options=KubeOptions(publish_labels=False)) as agg,
                 exporters(agg, nodes),
-                grpcio.channel(agg.grpc_target) as channel,
+                binder(kube, agg, config) as running,
             ):
-                binder = Binder(kube, PlacementClient(channel), config)  # type: ignore[arg-type]
-                task = asyncio.create_task(binder.run())
                 registry = CollectorRegistry()
-                registry.register(SchedulerCollector(binder.stats))
+                registry.register(SchedulerCollector(running.stats))
                 http = HttpServer(registry=registry)
                 await http.start("127.0.0.1", 0)
                 try:
-                    await asyncio.wait_for(binder.pods.synced.wait(), timeout=30)
                     for i in range(2):
                         pod = gpu_pod(ns, f"p-{i}", 8, scheduler=name)
                         await create(kube, f"/api/v1/namespaces/{ns}/pods", pod)
@@ -89,9 +82,6 @@ def test_every_binder_panel_returns_data(
                         prom.stop()
                 finally:
                     await http.stop()
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
         finally:
             kube.close()
 

@@ -17,7 +17,6 @@ import json
 import re
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -38,6 +37,7 @@ from gputopo.runtime import grpcio
 from gputopo.runtime.http import HttpServer
 from gputopo.runtime.placement_client import PlacementCallError, PlacementClient
 from gputopo.topology import Measurement, NodeTopology
+from tests.exporter_process import start_exporter
 from tests.harness.prometheus import Prometheus
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
@@ -118,17 +118,8 @@ def _free_port() -> int:
 
 
 def _exporter(port: int, target: str, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [
-                *(sys.executable, "-m", "gputopo", "exporter", "--simulate=dgx-h100"),
-                *("--node-name=real-exporter", f"--aggregator={target}", "--insecure"),
-                *("--http-host=127.0.0.1", f"--http-port={port}", "--probe-port=0"),
-                "--no-peer-probes",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    extra = ("--http-host=127.0.0.1", f"--http-port={port}")
+    return start_exporter("real-exporter", target, log, extra=extra)
 
 
 def _fill(expr: str) -> str:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from aggregator.server import Aggregator, AggregatorConfig
 from gputopo.runtime.tls import TlsFiles, follow_rotation
 from tests.aggregator.kubeutil import run
+from tests.exporter_process import start_exporter
 from tests.harness.certs import TestCA
 
 
@@ -27,18 +27,9 @@ def _swap_in(
 
 
 def _exporter(port: int, tls: TlsFiles, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [
-                *(sys.executable, "-m", "gputopo", "exporter", "--simulate=dgx-h100"),
-                *("--node-name=n1", f"--aggregator=localhost:{port}"),
-                *("--http-port=0", "--probe-port=0", "--no-peer-probes"),
-                *(f"--tls-cert={tls.cert}", f"--tls-key={tls.key}", f"--tls-ca={tls.ca}"),
-                "--tls-check-interval=0.2",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    return start_exporter(
+        "n1", f"localhost:{port}", log, tls=tls, extra=("--tls-check-interval=0.2",)
+    )
 
 
 def test_follow_rotation_waits_for_a_whole_key_pair(tmp_path: Path) -> None:
