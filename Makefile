@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck contracts unit proto setup clean kube-apiserver dashboards
+.PHONY: demo test lint typecheck contracts unit proto setup clean kube-apiserver dashboards image
 
 demo: $(STAMP)
 	$(BIN)/gputopo demo
@@ -52,6 +52,11 @@ kube-apiserver:
 # Regenerate the gputopo.v1 code after editing proto/ (tests fail while it is stale).
 proto: $(STAMP)
 	scripts/gen-proto.sh
+
+# The OCI image ghcr.io/gputopo/gputopo:VERSION, built from Debian's archive without a daemon
+# (scripts/build-image.sh; cached under ~/.cache/gputopo/image). The Dockerfile does the same.
+image: $(STAMP)
+	@scripts/build-image.sh
 
 # Regenerate the Grafana dashboards in dashboards/ after changing a metric (tests fail while stale).
 dashboards: $(STAMP)
