@@ -76,8 +76,8 @@ def test_healthz_answers_while_a_placement_search_runs() -> None:
             latencies, took = await probe_while(session, healthz, place)
             answer = place.result()
         assert answer.result.placed
-        assert took > 0.4, f"the search took {took:.2f} s: too short to show anything"
-        assert len(latencies) >= 5, latencies
+        assert took > 0.25, f"the search took {took:.2f} s: too short to show anything"
+        assert len(latencies) >= 4, latencies
         assert max(latencies) < min(1.0, took / 2), f"/healthz took {max(latencies):.2f} s"
 
     serve(body)
@@ -95,8 +95,8 @@ def test_healthz_answers_while_a_2000_node_topology_dump_is_built() -> None:
         task = asyncio.create_task(dump())
         latencies, took = await probe_while(session, f"{base}/healthz", task)
         assert len(task.result()["nodes"]) == 2000
-        assert took > 0.4, f"the dump took {took:.2f} s: too short to show anything"
-        assert len(latencies) >= 5, latencies
+        assert took > 0.25, f"the dump took {took:.2f} s: too short to show anything"
+        assert len(latencies) >= 4, latencies
         assert max(latencies) < min(1.0, took / 2), f"/healthz took {max(latencies):.2f} s"
 
     serve(body)
