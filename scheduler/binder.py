@@ -57,6 +57,7 @@ from scheduler.groups import (
     spec_from_coscheduling,
     spec_from_native,
     spec_of_lone_pod,
+    stray_label,
 )
 from scheduler.metrics import SchedulerStats
 
@@ -258,6 +259,10 @@ class Binder:
         except RequestError as err:
             self.stats.decided("invalid")
             await self._reject(key, pods, "InvalidRequest", f"{err.field}: {err.reason}")
+            return False
+        if (stray := stray_label(request, pods)) is not None:
+            self.stats.decided("invalid")
+            await self._reject(key, pods, "InvalidRequest", stray)
             return False
         lacking = missing(request, pods)
         if lacking:

@@ -61,6 +61,7 @@ __all__ = [
     "spec_from_coscheduling",
     "spec_from_native",
     "spec_of_lone_pod",
+    "stray_label",
 ]
 
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
@@ -244,6 +245,21 @@ def _members(request: PlacementRequest, pods: Sequence[Mapping[str, Any]]) -> di
         elif label is None and len(names) == 1:
             out[names[0]].append(pod)
     return out
+
+
+def stray_label(request: PlacementRequest, pods: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why a pod's `gputopo.io/group` label fills no group of the request (one line naming the
+    label and the pod), or None. Without this such a pod was never counted, and its gang waited
+    for its minimum forever without a word."""
+    names = [g.name for g in request.groups]
+    for pod in sorted(pods, key=pod_key):
+        label = (_meta(pod).get("labels") or {}).get(GROUP_LABEL)
+        if label is not None and label not in names:
+            return (
+                f"{GROUP_LABEL}: {label!r} of pod {pod_key(pod)} names no group of the request"
+                f" (its groups: {', '.join(names)})"
+            )
+    return None
 
 
 def missing(request: PlacementRequest, pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:

@@ -20,6 +20,7 @@ from scheduler.groups import (
     spec_from_coscheduling,
     spec_from_native,
     spec_of_lone_pod,
+    stray_label,
 )
 from tests.scheduler.kubeutil import gpu_pod, pod_group
 
@@ -163,3 +164,17 @@ def test_the_scheduler_serves_the_metric_names_the_conventions_fix() -> None:
         'gputopo_scheduler_decisions_total{outcome="bound"} 1.0',
     ):
         assert line in text
+
+
+def test_a_label_that_names_no_group_of_the_request_is_said_not_waited_for() -> None:
+    """Seen in testing: a lone pod labelled gputopo.io/group=g (its request has one group,
+    named for the pod) was never counted, and waited for its gang's minimum forever."""
+    pods = [gpu_pod("ns", "p-0", 8, scheduler="s", group="g")]
+    request = build_request(spec_of_lone_pod(pods[0]), pods)
+    why = stray_label(request, pods)
+    assert why is not None
+    assert why.startswith("gputopo.io/group: 'g' of pod ns/p-0 names no group of the request")
+    unlabelled = [gpu_pod("ns", "p-1", 8, scheduler="s")]
+    assert (
+        stray_label(build_request(spec_of_lone_pod(unlabelled[0]), unlabelled), unlabelled) is None
+    )
