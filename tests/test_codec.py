@@ -17,11 +17,13 @@ from gputopo.codec import (
     topology_from_proto,
     topology_to_proto,
 )
+from gputopo.codec.report import peer_probe_from_proto
 from gputopo.delta import diff_topology
 from gputopo.links import LinkHealth
 from gputopo.placement import place
 from gputopo.request import request_from_mapping
 from gputopo.topology import FabricState, GpuFabric, Measurement
+from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import topology_pb2 as tpb
 from tests.builders import nvswitch_node, pcie_node, snapshot
 
@@ -79,6 +81,26 @@ def test_pcie_topology_round_trip() -> None:
             lambda m: m.links[0].b.CopyFrom(m.links[0].a),
             "topology.links[0]",
             id="a link from a device to itself",
+        ),
+        pytest.param(
+            lambda m: setattr(m, "machine", "x" * 2000),
+            "topology.machine",
+            id="a 2,000-character machine name",
+        ),
+        pytest.param(
+            lambda m: setattr(m, "profile", "x" * 2000),
+            "topology.profile",
+            id="a 2,000-character profile",
+        ),
+        pytest.param(
+            lambda m: m.problems.extend(["fine", "x" * 2000]),
+            "topology.problems[1]",
+            id="a 2,000-character problem",
+        ),
+        pytest.param(
+            lambda m: setattr(m.nvml, "reason", "x" * 2000),
+            "topology.nvml.reason",
+            id="a 2,000-character NVML reason",
         ),
     ],
 )
@@ -140,3 +162,16 @@ def test_unknown_enum_values_are_rejected() -> None:
     with pytest.raises(CodecError, match="device kind"):
         topology_from_proto(msg)
     assert tpb.DEVICE_KIND_GPU == 1
+
+
+def test_over_long_report_strings_are_refused_by_name() -> None:
+    """A delta's problems and a probe's peer name are stored too, so they are bounded alike."""
+    delta = rpb.Delta(problems=["x" * 2000], problems_changed=True)
+    with pytest.raises(CodecError) as info:
+        delta_from_proto(delta)
+    assert info.value.field == "delta.problems[0]"
+    with pytest.raises(CodecError) as info:
+        peer_probe_from_proto(rpb.PeerProbe(peer="n" * 2000))
+    assert info.value.field == "peer_probe.peer"
+    # A name at the limit is still a name.
+    assert peer_probe_from_proto(rpb.PeerProbe(peer="n" * 253))[0] == "n" * 253

@@ -65,6 +65,8 @@ def peer_probe_from_proto(msg: rpb.PeerProbe, path: str = "peer_probe") -> tuple
     """A PeerProbe message as (peer node name, measurement); CodecError naming the field."""
     if not msg.peer:
         raise CodecError(f"{path}.peer", "is required")
+    with _bounded():
+        bounds.check_text(f"{path}.peer", msg.peer)
     return msg.peer, _measurement_from_proto(msg.measured, f"{path}.measured")
 
 
@@ -79,6 +81,8 @@ def delta_from_proto(msg: rpb.Delta, path: str = "delta") -> NodeDelta:
             ("problems", len(msg.problems), bounds.MAX_PROBLEMS),
         ):
             bounds.check_count(f"{path}.{name}", count, limit)
+        for i, problem in enumerate(msg.problems):
+            bounds.check_text(f"{path}.problems[{i}]", problem)
     return _delta_from_proto(msg, path)
 
 
@@ -97,7 +101,7 @@ def _delta_from_proto(msg: rpb.Delta, path: str) -> NodeDelta:
         links=tuple(link_from_proto(lk, f"{path}.links[{i}]") for i, lk in enumerate(msg.links)),
         removed_links=removed,
         fabric=fabric_from_proto(msg.fabric) if msg.HasField("fabric") else None,
-        nvml=nvml_from_proto(msg.nvml) if msg.HasField("nvml") else None,
+        nvml=nvml_from_proto(msg.nvml, f"{path}.nvml") if msg.HasField("nvml") else None,
         problems=tuple(msg.problems) if msg.problems_changed else None,
     )
 

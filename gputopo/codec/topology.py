@@ -300,8 +300,11 @@ def nvml_to_proto(s: NvmlStatus) -> tpb.NvmlStatus:
     )
 
 
-def nvml_from_proto(msg: tpb.NvmlStatus) -> NvmlStatus:
-    """NVML status message as a domain value."""
+def nvml_from_proto(msg: tpb.NvmlStatus, path: str = "nvml") -> NvmlStatus:
+    """NVML status message as a domain value; CodecError naming an over-long string."""
+    with _bounded():
+        for name in ("driver_version", "cuda_version", "reason"):
+            bounds.check_text(f"{path}.{name}", getattr(msg, name))
     return NvmlStatus(
         up=msg.up,
         driver_version=msg.driver_version,
@@ -345,6 +348,12 @@ def topology_from_proto(msg: tpb.NodeTopology, path: str = "topology") -> NodeTo
         bounds.check_count(f"{path}.links", len(msg.links), bounds.MAX_LINKS_PER_NODE)
         bounds.check_count(f"{path}.problems", len(msg.problems), bounds.MAX_PROBLEMS)
         bounds.check_count(f"{path}.fabric.tiers", len(msg.fabric.tiers), bounds.MAX_FABRIC_TIERS)
+        # Free text is stored and served back in every dump: a 16 MiB "machine" or problem
+        # would be kept and re-sent to every dashboard, so each string is bounded like a name.
+        bounds.check_text(f"{path}.machine", msg.machine)
+        bounds.check_text(f"{path}.profile", msg.profile)
+        for i, problem in enumerate(msg.problems):
+            bounds.check_text(f"{path}.problems[{i}]", problem)
         uuids = [g.uuid for g in msg.gpus if g.uuid]
         if len(set(uuids)) != len(uuids):
             raise BoundsError(f"{path}.gpus", "two GPUs report the same UUID")
@@ -380,7 +389,7 @@ def topology_from_proto(msg: tpb.NodeTopology, path: str = "topology") -> NodeTo
         fabric=fabric_from_proto(msg.fabric),
         machine=msg.machine,
         profile=msg.profile,
-        nvml=nvml_from_proto(msg.nvml),
+        nvml=nvml_from_proto(msg.nvml, f"{path}.nvml"),
         partial=msg.partial,
         problems=tuple(msg.problems),
     )
