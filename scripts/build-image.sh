@@ -54,13 +54,32 @@ if [[ -f ${out}/done ]]; then
 fi
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
 work=$(mktemp -d "${CACHE}.tmp.XXXXXX" 2>/dev/null || { mkdir -p "${CACHE}"; mktemp -d "${CACHE}/tmp.XXXXXX"; })
-trap 'rm -rf "${work}"' EXIT
+# mmdebstrap mounts /proc, /sys and /dev inside the root filesystem while it works; a failure
+# can leave one mounted. Unmount whatever is below the work directory before deleting it, and
+# never let rm cross into another file system.
+clean_work() {
+  local m
+  for m in $(awk -v w="$1" 'index($2, w) == 1 {print $2}' /proc/mounts | sort -r); do
+    umount -l "${m}" 2>/dev/null || true
+  done
+  rm -rf --one-file-system "$1"
+}
+trap 'clean_work "${work}"' EXIT
 rootfs=${work}/rootfs
 
 say "1/4 Debian ${SUITE} root filesystem (mmdebstrap)"
-mmdebstrap --quiet --mode=root --variant=minbase \
-  --include=python3,python3-venv,ca-certificates \
-  "${SUITE}" "${rootfs}" "${MIRROR}" >&2
+# A mirror hiccup (apt-get update failing once) is retried rather than failing the build.
+for attempt in 1 2 3; do
+  if mmdebstrap --quiet --mode=root --variant=minbase \
+    --include=python3,python3-venv,ca-certificates \
+    "${SUITE}" "${rootfs}" "${MIRROR}" >&2; then
+    break
+  fi
+  [[ ${attempt} -eq 3 ]] && { say "mmdebstrap failed 3 times: is ${MIRROR} reachable?"; exit 1; }
+  say "mmdebstrap failed (attempt ${attempt}); retrying in 5 s"
+  clean_work "${rootfs}"
+  sleep 5
+done
 
 say "2/4 wheels of this checkout and its runtime dependencies"
 "${PY}" -m pip wheel --quiet --disable-pip-version-check -w "${work}/wheels" "${ROOT}" >&2
