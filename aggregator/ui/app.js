@@ -37,7 +37,12 @@ async function placementGPUs() {
     for (const a of resp.assignments || []) {
       out[a.node] = new Set([...(out[a.node] || []), ...(a.gpus || [])]);
     }
-    document.getElementById("placement").textContent = `placement ${rid.slice(0, 8)}…`;
+    const count = Object.values(out).reduce((s, g) => s + g.size, 0);
+    const where = Object.keys(out).sort();
+    const shown = where.length > 3 ? `${where.slice(0, 3).join(", ")} +${where.length - 3}` : where.join(", ");
+    const label = document.getElementById("placement");
+    label.textContent = `placement ${rid.slice(0, 8)}… · ${count} GPUs on ${shown}`;
+    label.setAttribute("data-placed-gpus", String(count));
     return out;
   } catch (err) {
     document.getElementById("placement").textContent = `placement ${rid}: ${err.message}`;
@@ -78,6 +83,15 @@ function nodeCard(state, placed) {
   return card;
 }
 
+// A thin bar: the share of a domain's GPUs that is free (green) or held (grey).
+function freeBar(free, total) {
+  const bar = el("span", { class: "bar", title: `${free}/${total} GPUs free` });
+  const fill = el("span", { class: "fill" });
+  fill.style.width = `${total ? (100 * free) / total : 0}%`;
+  bar.append(fill);
+  return bar;
+}
+
 function buildTree(topology, placed) {
   const states = new Map(topology.nodes.map((n) => [n.topology.name, n]));
   const domains = topology.domains || [];
@@ -98,7 +112,8 @@ function buildTree(topology, placed) {
       "div",
       { class: `domain ${d.level}`, "data-domain": d.id, "data-level": d.level },
       el("div", { class: "title" }, d.id.split("/").pop(),
-        el("span", { class: "count" }, `${d.level} · ${d.free_gpus}/${d.total_gpus} GPUs free`)),
+        el("span", { class: "count" }, `${d.level} · ${d.free_gpus}/${d.total_gpus} GPUs free`),
+        freeBar(d.free_gpus, d.total_gpus)),
     );
     const kids = (children.get(d.id) || []).sort((a, b) => a.id.localeCompare(b.id));
     if (kids.length) {
@@ -144,6 +159,21 @@ function colour(gbps, best) {
   return `hsl(${hue}, 60%, 42%)`;
 }
 
+// The matrix's key: the colour scale from slow to the node's fastest link, and the
+// degraded-link mark with how many links carry it.
+function matrixLegend(best, degraded) {
+  const scale = el("span", { class: "scale" });
+  for (const g of [1, 16, 64, 200, best]) {
+    if (g > best) continue;
+    const sw = el("span", { class: "swatch" }, String(Math.round(g)));
+    sw.style.backgroundColor = colour(g, best);
+    scale.append(sw);
+  }
+  const mark = el("span", { class: "swatch degraded-sample" }, "⚠");
+  return el("p", { class: "matrix-legend" }, "GB/s ", scale, " ", mark,
+    ` degraded (${degraded} link${degraded === 1 ? "" : "s"})`);
+}
+
 async function showNode(name, placed) {
   const detail = document.getElementById("detail");
   for (const c of document.querySelectorAll(".node.selected")) c.classList.remove("selected");
@@ -182,14 +212,16 @@ async function showNode(name, placed) {
         "data-gbps": hit ? String(hit.gbps) : "0",
         title: hit ? `${kind} ${hit.gbps.toFixed(0)} GB/s${degraded ? ` — ${hit.lk.health_reason || "degraded"}` : ""}` : "no link",
       }, hit ? `${kind === "NVLINK" ? "NV" : kind} ${hit.gbps.toFixed(0)}${degraded ? "⚠" : ""}` : "");
-      td.style.background = colour(hit ? hit.gbps : 0, best);
+      td.style.backgroundColor = colour(hit ? hit.gbps : 0, best);
       tr.append(td);
     }
     table.append(tr);
   }
+  const degradedCount = table.querySelectorAll("td.degraded").length / 2;
   detail.replaceChildren(
     el("h2", {}, name, el("span", { class: "count" }, `${gpus[0] ? gpus[0].name : ""} · GB/s per direction`)),
     table,
+    matrixLegend(best, degradedCount),
   );
 }
 

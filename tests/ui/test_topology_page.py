@@ -55,7 +55,9 @@ def _with_degraded_nvlink(topo: NodeTopology) -> NodeTopology:
     return replace(topo, links=tuple(links))
 
 
-def test_the_page_shows_the_tree_a_node_matrix_and_a_placement(tmp_path: Path) -> None:
+def test_the_page_shows_the_tree_a_node_matrix_and_a_placement(
+    tmp_path: Path, chromium: Path
+) -> None:
     nodes = demo_nodes()
     chosen = next(n for n in nodes if n.name.startswith("h100-"))
     nodes = [_with_degraded_nvlink(n) if n is chosen else n for n in nodes]
@@ -106,6 +108,11 @@ def test_the_page_shows_the_tree_a_node_matrix_and_a_placement(tmp_path: Path) -
     degraded = page.having("degraded")
     assert len(degraded) == 2, "the degraded NVLink, both directions"
     assert "lanes_down" in degraded[0]["title"]
+    assert re.search(r"degraded \(1 link\)", dom), "the matrix's key counts the degraded link"
+    domains = [a for a in page.having("domain") if a.get("data-level")]
+    assert len(page.having("bar")) == len(domains), "every fabric domain has its free-GPU bar"
+    (label,) = [a for _, a in page.found if a.get("id") == "placement"]
+    assert label["data-placed-gpus"] == "8", label
     placed = [p for p in page.having("placed") if "data-gpu" in p]  # not the legend's
     assert len(placed) == 8
     on_card = [a for tag, a in page.found if a.get("data-node") == found["placed_node"]]
