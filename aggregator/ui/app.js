@@ -24,15 +24,32 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+// The GPUs to highlight, by node: a held reservation (?reservation=ID), or where Explain would
+// put one pod of N GPUs now (?place=N; nothing is reserved, so looking costs nothing).
 async function placementGPUs() {
   const rid = params.get("reservation");
-  if (!rid) return {};
+  const want = Number.parseInt(params.get("place") || "", 10);
+  let subject, title;
+  if (rid) {
+    subject = { reservation_id: rid };
+    title = `placement ${rid.slice(0, 8)}…`;
+  } else if (want > 0) {
+    subject = { request: { job: "ui", groups: [{ name: "ui", pods: 1, gpus_per_pod: want }] } };
+    title = `where ${want} GPUs would go`;
+  } else {
+    return {};
+  }
+  const label = document.getElementById("placement");
   try {
     const resp = await getJSON("../api/v1/placement/explain", {
       method: "POST",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({ reservation_id: rid }),
+      body: JSON.stringify(subject),
     });
+    if (!resp.placed) {
+      label.textContent = `${title}: not placed (${resp.reason || "no reason given"})`;
+      return {};
+    }
     const out = {};
     for (const a of resp.assignments || []) {
       out[a.node] = new Set([...(out[a.node] || []), ...(a.gpus || [])]);
@@ -40,12 +57,11 @@ async function placementGPUs() {
     const count = Object.values(out).reduce((s, g) => s + g.size, 0);
     const where = Object.keys(out).sort();
     const shown = where.length > 3 ? `${where.slice(0, 3).join(", ")} +${where.length - 3}` : where.join(", ");
-    const label = document.getElementById("placement");
-    label.textContent = `placement ${rid.slice(0, 8)}… · ${count} GPUs on ${shown}`;
+    label.textContent = `${title} · ${count} GPUs on ${shown}`;
     label.setAttribute("data-placed-gpus", String(count));
     return out;
   } catch (err) {
-    document.getElementById("placement").textContent = `placement ${rid}: ${err.message}`;
+    label.textContent = `${title}: ${err.message}`;
     return {};
   }
 }
@@ -154,7 +170,9 @@ function buildTree(topology, placed) {
 
 function colour(gbps, best) {
   if (gbps <= 0) return "#c9ced8";
-  const t = Math.max(0, Math.min(1, Math.log(gbps) / Math.log(Math.max(best, 2))));
+  // Square root of the share of the node's fastest link: a halved NVLink stands out from its
+  // neighbours, and PCIe beside NVLink still reads as slow rather than as the same colour.
+  const t = Math.max(0, Math.min(1, Math.sqrt(gbps / Math.max(best, 1))));
   const hue = 10 + t * 120; // red (slow) to green (fast)
   return `hsl(${hue}, 60%, 42%)`;
 }
@@ -163,8 +181,8 @@ function colour(gbps, best) {
 // degraded-link mark with how many links carry it.
 function matrixLegend(best, degraded) {
   const scale = el("span", { class: "scale" });
-  for (const g of [1, 16, 64, 200, best]) {
-    if (g > best) continue;
+  for (const share of [0.05, 0.25, 0.5, 0.75, 1]) {
+    const g = best * share;
     const sw = el("span", { class: "swatch" }, String(Math.round(g)));
     sw.style.backgroundColor = colour(g, best);
     scale.append(sw);

@@ -51,7 +51,14 @@ def _with_degraded_nvlink(topo: NodeTopology) -> NodeTopology:
         for i, lk in enumerate(links)
         if lk.kind is LinkKind.NVLINK and lk.a.index == 0 and lk.b.index == 1
     )
-    links[i] = replace(links[i], health=LinkHealth.DEGRADED, health_reason="lanes_down")
+    lk = links[i]
+    links[i] = replace(
+        lk,
+        lanes=max(1, lk.lanes // 2),
+        nominal_gbps=lk.nominal_gbps / 2,
+        health=LinkHealth.DEGRADED,
+        health_reason="lanes_down",
+    )
     return replace(topo, links=tuple(links))
 
 
@@ -80,6 +87,9 @@ def test_the_page_shows_the_tree_a_node_matrix_and_a_placement(
                 base = f"http://127.0.0.1:{agg.http_port}/ui/"
                 url = f"{base}?reservation={answer.reservation.id}#node={chosen.name}"
                 found["dom"] = await asyncio.to_thread(dump_dom, url, profile=tmp_path / "p1")
+                found["explained"] = await asyncio.to_thread(
+                    dump_dom, f"{base}?place=4", profile=tmp_path / "p3"
+                )
                 shot = await asyncio.to_thread(
                     screenshot, url, tmp_path / "topology.png", profile=tmp_path / "p2"
                 )
@@ -113,6 +123,15 @@ def test_the_page_shows_the_tree_a_node_matrix_and_a_placement(
     assert len(page.having("bar")) == len(domains), "every fabric domain has its free-GPU bar"
     (label,) = [a for _, a in page.found if a.get("id") == "placement"]
     assert label["data-placed-gpus"] == "8", label
+    assert f"8 GPUs on {found['placed_node']}" in dom, "the header says where it is"
+    cells = {a["title"] for a in page.having("cell") if "title" in a}
+    assert any(t.startswith("NVLINK 225 GB/s") for t in cells), "the halved link's bandwidth"
+
+    explained = Elements()
+    explained.feed(str(found["explained"]))
+    (label,) = [a for _, a in explained.found if a.get("id") == "placement"]
+    assert label.get("data-placed-gpus") == "4", "?place=4 highlights where Explain puts 4"
+    assert len([p for p in explained.having("placed") if "data-gpu" in p]) == 4
     placed = [p for p in page.having("placed") if "data-gpu" in p]  # not the legend's
     assert len(placed) == 8
     on_card = [a for tag, a in page.found if a.get("data-node") == found["placed_node"]]
