@@ -225,8 +225,9 @@ async function showNode(name, placed) {
       const hit = cells.get(`${row.index},${col.index}`);
       const degraded = hit && hit.lk.health && hit.lk.health !== "LINK_HEALTH_OK";
       const kind = hit ? hit.lk.kind.replace("LINK_KIND_", "") : "?";
+      const both = mine.has(row.index) && mine.has(col.index); // a link the placement uses
       const td = el("td", {
-        class: `cell${degraded ? " degraded" : ""}`,
+        class: `cell${degraded ? " degraded" : ""}${both ? " in-placement" : ""}`,
         "data-gbps": hit ? String(hit.gbps) : "0",
         title: hit ? `${kind} ${hit.gbps.toFixed(0)} GB/s${degraded ? ` — ${hit.lk.health_reason || "degraded"}` : ""}` : "no link",
       }, hit ? `${kind === "NVLINK" ? "NV" : kind} ${hit.gbps.toFixed(0)}${degraded ? "⚠" : ""}` : "");

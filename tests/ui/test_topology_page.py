@@ -124,6 +124,8 @@ def test_the_page_shows_the_tree_a_node_matrix_and_a_placement(
     (label,) = [a for _, a in page.found if a.get("id") == "placement"]
     assert label["data-placed-gpus"] == "8", label
     assert f"8 GPUs on {found['placed_node']}" in dom, "the header says where it is"
+    k = 8 if found["placed_node"] == chosen.name else 0  # the placement's GPUs on this matrix
+    assert len(page.having("in-placement")) == k * (k - 1), "the links the placement uses"
     cells = {a["title"] for a in page.having("cell") if "title" in a}
     assert any(t.startswith("NVLINK 225 GB/s") for t in cells), "the halved link's bandwidth"
 
