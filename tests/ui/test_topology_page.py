@@ -90,6 +90,9 @@ def test_the_page_shows_the_tree_a_node_matrix_and_a_placement(
                 found["explained"] = await asyncio.to_thread(
                     dump_dom, f"{base}?place=4", profile=tmp_path / "p3"
                 )
+                found["too_big"] = await asyncio.to_thread(
+                    dump_dom, f"{base}?place=1000", profile=tmp_path / "p3"
+                )
                 shot = await asyncio.to_thread(
                     screenshot, url, tmp_path / "topology.png", profile=tmp_path / "p2"
                 )
@@ -134,6 +137,11 @@ def test_the_page_shows_the_tree_a_node_matrix_and_a_placement(
     (label,) = [a for _, a in explained.found if a.get("id") == "placement"]
     assert label.get("data-placed-gpus") == "4", "?place=4 highlights where Explain puts 4"
     assert len([p for p in explained.having("placed") if "data-gpu" in p]) == 4
+
+    too_big = str(found["too_big"])
+    assert re.search(r'id="placement"[^>]*>where 1000 GPUs would go: [^<]+<', too_big)
+    assert 'data-ready="true"' in too_big, "an unplaceable ask still shows the cluster"
+    assert 'class="gpu placed"' not in too_big.split("</header>", 1)[1]
     placed = [p for p in page.having("placed") if "data-gpu" in p]  # not the legend's
     assert len(placed) == 8
     on_card = [a for tag, a in page.found if a.get("data-node") == found["placed_node"]]
