@@ -188,7 +188,7 @@ function matrixLegend(best, degraded) {
     scale.append(sw);
   }
   const mark = el("span", { class: "swatch degraded-sample" }, "⚠");
-  return el("p", { class: "matrix-legend" }, "GB/s ", scale, " ", mark,
+  return el("p", { class: "matrix-legend" }, "GB/s, coloured by share of this node's fastest link ", scale, " ", mark,
     ` degraded (${degraded} link${degraded === 1 ? "" : "s"})`);
 }
 
