@@ -18,6 +18,7 @@ function el(tag, attrs, ...children) {
     if (k === "class") node.className = v;
     else if (k.startsWith("data-")) node.setAttribute(k, v);
     else if (k === "onclick") node.addEventListener("click", v);
+    else if (k === "onkeydown") node.addEventListener("keydown", v);
     else node.setAttribute(k, v);
   }
   for (const c of children) node.append(c);
@@ -90,7 +91,11 @@ function nodeCard(state, placed) {
       "data-node": name,
       "data-free": String(free),
       "data-total": String(total),
+      tabindex: "0",
+      role: "button",
+      "aria-label": `${name}: ${free} of ${total} GPUs free`,
       onclick: () => { location.hash = `node=${encodeURIComponent(name)}`; },
+      onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") location.hash = `node=${encodeURIComponent(name)}`; },
     },
     el("span", { class: "name" }, name),
     el("span", { class: "free" }, `${free}/${total} free${state.stale ? " · stale" : ""}`),
@@ -244,23 +249,54 @@ async function showNode(name, placed) {
   );
 }
 
+function showSummary(topology) {
+  const free = topology.nodes.reduce((s, n) => s + (n.free_gpus || []).length, 0);
+  const total = topology.nodes.reduce((s, n) => s + (n.topology.gpus || []).length, 0);
+  document.getElementById("summary").textContent =
+    `${topology.nodes.length} nodes · ${free}/${total} GPUs free`;
+}
+
+function selectedNode() {
+  const m = location.hash.match(/node=([^&]+)/);
+  return m ? decodeURIComponent(m[1]) : "";
+}
+
+// ?refresh=S re-reads the topology every S seconds (at least 2) and redraws the tree, keeping
+// the chosen node; the aggregator caches the dump, so many open pages cost it one build.
+function startRefresh(placed) {
+  const every = Number.parseFloat(params.get("refresh") || "0");
+  if (!(every > 0)) return;
+  let count = 0;
+  setInterval(async () => {
+    try {
+      const topology = await getJSON("../api/v1/topology?links=false");
+      showSummary(topology);
+      buildTree(topology, placed);
+      const name = selectedNode();
+      const card = name && document.querySelector(`.node[data-node="${CSS.escape(name)}"]`);
+      if (card) card.classList.add("selected");
+      document.body.setAttribute("data-refreshes", String(++count));
+    } catch (err) {
+      document.getElementById("summary").textContent = `refresh failed: ${err.message}`;
+    }
+  }, Math.max(every, 2) * 1000);
+}
+
 async function main() {
-  const summary = document.getElementById("summary");
   try {
     const [topology, placed] = await Promise.all([getJSON("../api/v1/topology?links=false"), placementGPUs()]);
-    const free = topology.nodes.reduce((s, n) => s + (n.free_gpus || []).length, 0);
-    const total = topology.nodes.reduce((s, n) => s + (n.topology.gpus || []).length, 0);
-    summary.textContent = `${topology.nodes.length} nodes · ${free}/${total} GPUs free`;
+    showSummary(topology);
     buildTree(topology, placed);
     const route = async () => {
-      const m = location.hash.match(/node=([^&]+)/);
-      if (m) await showNode(decodeURIComponent(m[1]), placed);
+      const name = selectedNode();
+      if (name) await showNode(name, placed);
     };
     window.addEventListener("hashchange", route);
     await route();
     document.body.setAttribute("data-ready", "true");
+    startRefresh(placed);
   } catch (err) {
-    summary.textContent = "";
+    document.getElementById("summary").textContent = "";
     document.getElementById("tree").replaceChildren(el("p", { class: "error" }, err.message));
     document.body.setAttribute("data-ready", "error");
   }

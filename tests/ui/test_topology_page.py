@@ -91,7 +91,7 @@ def test_the_page_shows_the_tree_a_node_matrix_and_a_placement(
                     dump_dom, f"{base}?place=4", profile=tmp_path / "p3"
                 )
                 found["too_big"] = await asyncio.to_thread(
-                    dump_dom, f"{base}?place=1000", profile=tmp_path / "p3"
+                    dump_dom, f"{base}?place=1000&refresh=2", profile=tmp_path / "p3"
                 )
                 shot = await asyncio.to_thread(
                     screenshot, url, tmp_path / "topology.png", profile=tmp_path / "p2"
@@ -142,6 +142,10 @@ def test_the_page_shows_the_tree_a_node_matrix_and_a_placement(
     assert re.search(r'id="placement"[^>]*>where 1000 GPUs would go: [^<]+<', too_big)
     assert 'data-ready="true"' in too_big, "an unplaceable ask still shows the cluster"
     assert 'class="gpu placed"' not in too_big.split("</header>", 1)[1]
+    refreshes = re.search(r'data-refreshes="(\d+)"', too_big)
+    assert refreshes, "?refresh=2 redraws the tree within the 8 s the page is given"
+    assert int(refreshes.group(1)) >= 2
+    assert len(re.findall(r'class="node', too_big)) == len(free), "redrawn, not appended"
     placed = [p for p in page.having("placed") if "data-gpu" in p]  # not the legend's
     assert len(placed) == 8
     on_card = [a for tag, a in page.found if a.get("data-node") == found["placed_node"]]
