@@ -18,29 +18,51 @@ function el(tag, attrs, ...children) {
     if (k === "class") node.className = v;
     else if (k.startsWith("data-")) node.setAttribute(k, v);
     else if (k === "onclick") node.addEventListener("click", v);
+    else if (k === "onkeydown") node.addEventListener("keydown", v);
     else node.setAttribute(k, v);
   }
   for (const c of children) node.append(c);
   return node;
 }
 
+// The GPUs to highlight, by node: a held reservation (?reservation=ID), or where Explain would
+// put one pod of N GPUs now (?place=N; nothing is reserved, so looking costs nothing).
 async function placementGPUs() {
   const rid = params.get("reservation");
-  if (!rid) return {};
+  const want = Number.parseInt(params.get("place") || "", 10);
+  let subject, title;
+  if (rid) {
+    subject = { reservation_id: rid };
+    title = `placement ${rid.slice(0, 8)}…`;
+  } else if (want > 0) {
+    subject = { request: { job: "ui", groups: [{ name: "ui", pods: 1, gpus_per_pod: want }] } };
+    title = `where ${want} GPUs would go`;
+  } else {
+    return {};
+  }
+  const label = document.getElementById("placement");
   try {
     const resp = await getJSON("../api/v1/placement/explain", {
       method: "POST",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({ reservation_id: rid }),
+      body: JSON.stringify(subject),
     });
+    if (!resp.placed) {
+      label.textContent = `${title}: not placed (${resp.reason || "no reason given"})`;
+      return {};
+    }
     const out = {};
     for (const a of resp.assignments || []) {
       out[a.node] = new Set([...(out[a.node] || []), ...(a.gpus || [])]);
     }
-    document.getElementById("placement").textContent = `placement ${rid.slice(0, 8)}…`;
+    const count = Object.values(out).reduce((s, g) => s + g.size, 0);
+    const where = Object.keys(out).sort();
+    const shown = where.length > 3 ? `${where.slice(0, 3).join(", ")} +${where.length - 3}` : where.join(", ");
+    label.textContent = `${title} · ${count} GPUs on ${shown}`;
+    label.setAttribute("data-placed-gpus", String(count));
     return out;
   } catch (err) {
-    document.getElementById("placement").textContent = `placement ${rid}: ${err.message}`;
+    label.textContent = `${title}: ${err.message}`;
     return {};
   }
 }
@@ -69,13 +91,26 @@ function nodeCard(state, placed) {
       "data-node": name,
       "data-free": String(free),
       "data-total": String(total),
+      tabindex: "0",
+      role: "button",
+      "aria-label": `${name}: ${free} of ${total} GPUs free`,
       onclick: () => { location.hash = `node=${encodeURIComponent(name)}`; },
+      onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") location.hash = `node=${encodeURIComponent(name)}`; },
     },
     el("span", { class: "name" }, name),
     el("span", { class: "free" }, `${free}/${total} free${state.stale ? " · stale" : ""}`),
     gpuSquares(state, placed),
   );
   return card;
+}
+
+// A thin bar: the share of a domain's GPUs that is free (green) or held (grey).
+function freeBar(free, total) {
+  const bar = el("span", { class: "bar", title: `${free}/${total} GPUs free` });
+  const fill = el("span", { class: "fill" });
+  fill.style.width = `${total ? (100 * free) / total : 0}%`;
+  bar.append(fill);
+  return bar;
 }
 
 function buildTree(topology, placed) {
@@ -98,7 +133,8 @@ function buildTree(topology, placed) {
       "div",
       { class: `domain ${d.level}`, "data-domain": d.id, "data-level": d.level },
       el("div", { class: "title" }, d.id.split("/").pop(),
-        el("span", { class: "count" }, `${d.level} · ${d.free_gpus}/${d.total_gpus} GPUs free`)),
+        el("span", { class: "count" }, `${d.level} · ${d.free_gpus}/${d.total_gpus} GPUs free`),
+        freeBar(d.free_gpus, d.total_gpus)),
     );
     const kids = (children.get(d.id) || []).sort((a, b) => a.id.localeCompare(b.id));
     if (kids.length) {
@@ -139,9 +175,26 @@ function buildTree(topology, placed) {
 
 function colour(gbps, best) {
   if (gbps <= 0) return "#c9ced8";
-  const t = Math.max(0, Math.min(1, Math.log(gbps) / Math.log(Math.max(best, 2))));
+  // Square root of the share of the node's fastest link: a halved NVLink stands out from its
+  // neighbours, and PCIe beside NVLink still reads as slow rather than as the same colour.
+  const t = Math.max(0, Math.min(1, Math.sqrt(gbps / Math.max(best, 1))));
   const hue = 10 + t * 120; // red (slow) to green (fast)
   return `hsl(${hue}, 60%, 42%)`;
+}
+
+// The matrix's key: the colour scale from slow to the node's fastest link, and the
+// degraded-link mark with how many links carry it.
+function matrixLegend(best, degraded) {
+  const scale = el("span", { class: "scale" });
+  for (const share of [0.05, 0.25, 0.5, 0.75, 1]) {
+    const g = best * share;
+    const sw = el("span", { class: "swatch" }, String(Math.round(g)));
+    sw.style.backgroundColor = colour(g, best);
+    scale.append(sw);
+  }
+  const mark = el("span", { class: "swatch degraded-sample" }, "⚠");
+  return el("p", { class: "matrix-legend" }, "GB/s, coloured by share of this node's fastest link ", scale, " ", mark,
+    ` degraded (${degraded} link${degraded === 1 ? "" : "s"})`);
 }
 
 async function showNode(name, placed) {
@@ -177,39 +230,73 @@ async function showNode(name, placed) {
       const hit = cells.get(`${row.index},${col.index}`);
       const degraded = hit && hit.lk.health && hit.lk.health !== "LINK_HEALTH_OK";
       const kind = hit ? hit.lk.kind.replace("LINK_KIND_", "") : "?";
+      const both = mine.has(row.index) && mine.has(col.index); // a link the placement uses
       const td = el("td", {
-        class: `cell${degraded ? " degraded" : ""}`,
+        class: `cell${degraded ? " degraded" : ""}${both ? " in-placement" : ""}`,
         "data-gbps": hit ? String(hit.gbps) : "0",
         title: hit ? `${kind} ${hit.gbps.toFixed(0)} GB/s${degraded ? ` — ${hit.lk.health_reason || "degraded"}` : ""}` : "no link",
       }, hit ? `${kind === "NVLINK" ? "NV" : kind} ${hit.gbps.toFixed(0)}${degraded ? "⚠" : ""}` : "");
-      td.style.background = colour(hit ? hit.gbps : 0, best);
+      td.style.backgroundColor = colour(hit ? hit.gbps : 0, best);
       tr.append(td);
     }
     table.append(tr);
   }
+  const degradedCount = table.querySelectorAll("td.degraded").length / 2;
   detail.replaceChildren(
     el("h2", {}, name, el("span", { class: "count" }, `${gpus[0] ? gpus[0].name : ""} · GB/s per direction`)),
     table,
+    matrixLegend(best, degradedCount),
   );
 }
 
+function showSummary(topology) {
+  const free = topology.nodes.reduce((s, n) => s + (n.free_gpus || []).length, 0);
+  const total = topology.nodes.reduce((s, n) => s + (n.topology.gpus || []).length, 0);
+  document.getElementById("summary").textContent =
+    `${topology.nodes.length} nodes · ${free}/${total} GPUs free`;
+}
+
+function selectedNode() {
+  const m = location.hash.match(/node=([^&]+)/);
+  return m ? decodeURIComponent(m[1]) : "";
+}
+
+// ?refresh=S re-reads the topology every S seconds (at least 2) and redraws the tree, keeping
+// the chosen node; the aggregator caches the dump, so many open pages cost it one build.
+function startRefresh(placed) {
+  const every = Number.parseFloat(params.get("refresh") || "0");
+  if (!(every > 0)) return;
+  let count = 0;
+  setInterval(async () => {
+    try {
+      const topology = await getJSON("../api/v1/topology?links=false");
+      showSummary(topology);
+      buildTree(topology, placed);
+      const name = selectedNode();
+      const card = name && document.querySelector(`.node[data-node="${CSS.escape(name)}"]`);
+      if (card) card.classList.add("selected");
+      document.body.setAttribute("data-refreshes", String(++count));
+    } catch (err) {
+      document.getElementById("summary").textContent = `refresh failed: ${err.message}`;
+    }
+  }, Math.max(every, 2) * 1000);
+}
+
 async function main() {
-  const summary = document.getElementById("summary");
   try {
     const [topology, placed] = await Promise.all([getJSON("../api/v1/topology?links=false"), placementGPUs()]);
-    const free = topology.nodes.reduce((s, n) => s + (n.free_gpus || []).length, 0);
-    const total = topology.nodes.reduce((s, n) => s + (n.topology.gpus || []).length, 0);
-    summary.textContent = `${topology.nodes.length} nodes · ${free}/${total} GPUs free`;
+    showSummary(topology);
     buildTree(topology, placed);
     const route = async () => {
-      const m = location.hash.match(/node=([^&]+)/);
-      if (m) await showNode(decodeURIComponent(m[1]), placed);
+      const name = selectedNode();
+      if (name) await showNode(name, placed);
     };
     window.addEventListener("hashchange", route);
     await route();
     document.body.setAttribute("data-ready", "true");
+    startRefresh(placed);
   } catch (err) {
-    summary.textContent = "";
+    document.getElementById("summary").textContent = "";
     document.getElementById("tree").replaceChildren(el("p", { class: "error" }, err.message));
     document.body.setAttribute("data-ready", "error");
   }

@@ -51,11 +51,20 @@ def _with_degraded_nvlink(topo: NodeTopology) -> NodeTopology:
         for i, lk in enumerate(links)
         if lk.kind is LinkKind.NVLINK and lk.a.index == 0 and lk.b.index == 1
     )
-    links[i] = replace(links[i], health=LinkHealth.DEGRADED, health_reason="lanes_down")
+    lk = links[i]
+    links[i] = replace(
+        lk,
+        lanes=max(1, lk.lanes // 2),
+        nominal_gbps=lk.nominal_gbps / 2,
+        health=LinkHealth.DEGRADED,
+        health_reason="lanes_down",
+    )
     return replace(topo, links=tuple(links))
 
 
-def test_the_page_shows_the_tree_a_node_matrix_and_a_placement(tmp_path: Path) -> None:
+def test_the_page_shows_the_tree_a_node_matrix_and_a_placement(
+    tmp_path: Path, chromium: Path
+) -> None:
     nodes = demo_nodes()
     chosen = next(n for n in nodes if n.name.startswith("h100-"))
     nodes = [_with_degraded_nvlink(n) if n is chosen else n for n in nodes]
@@ -78,6 +87,12 @@ def test_the_page_shows_the_tree_a_node_matrix_and_a_placement(tmp_path: Path) -
                 base = f"http://127.0.0.1:{agg.http_port}/ui/"
                 url = f"{base}?reservation={answer.reservation.id}#node={chosen.name}"
                 found["dom"] = await asyncio.to_thread(dump_dom, url, profile=tmp_path / "p1")
+                found["explained"] = await asyncio.to_thread(
+                    dump_dom, f"{base}?place=4", profile=tmp_path / "p3"
+                )
+                found["too_big"] = await asyncio.to_thread(
+                    dump_dom, f"{base}?place=1000&refresh=2", profile=tmp_path / "p3"
+                )
                 shot = await asyncio.to_thread(
                     screenshot, url, tmp_path / "topology.png", profile=tmp_path / "p2"
                 )
@@ -106,6 +121,31 @@ def test_the_page_shows_the_tree_a_node_matrix_and_a_placement(tmp_path: Path) -
     degraded = page.having("degraded")
     assert len(degraded) == 2, "the degraded NVLink, both directions"
     assert "lanes_down" in degraded[0]["title"]
+    assert re.search(r"degraded \(1 link\)", dom), "the matrix's key counts the degraded link"
+    domains = [a for a in page.having("domain") if a.get("data-level")]
+    assert len(page.having("bar")) == len(domains), "every fabric domain has its free-GPU bar"
+    (label,) = [a for _, a in page.found if a.get("id") == "placement"]
+    assert label["data-placed-gpus"] == "8", label
+    assert f"8 GPUs on {found['placed_node']}" in dom, "the header says where it is"
+    k = 8 if found["placed_node"] == chosen.name else 0  # the placement's GPUs on this matrix
+    assert len(page.having("in-placement")) == k * (k - 1), "the links the placement uses"
+    cells = {a["title"] for a in page.having("cell") if "title" in a}
+    assert any(t.startswith("NVLINK 225 GB/s") for t in cells), "the halved link's bandwidth"
+
+    explained = Elements()
+    explained.feed(str(found["explained"]))
+    (label,) = [a for _, a in explained.found if a.get("id") == "placement"]
+    assert label.get("data-placed-gpus") == "4", "?place=4 highlights where Explain puts 4"
+    assert len([p for p in explained.having("placed") if "data-gpu" in p]) == 4
+
+    too_big = str(found["too_big"])
+    assert re.search(r'id="placement"[^>]*>where 1000 GPUs would go: [^<]+<', too_big)
+    assert 'data-ready="true"' in too_big, "an unplaceable ask still shows the cluster"
+    assert 'class="gpu placed"' not in too_big.split("</header>", 1)[1]
+    refreshes = re.search(r'data-refreshes="(\d+)"', too_big)
+    assert refreshes, "?refresh=2 redraws the tree within the 8 s the page is given"
+    assert int(refreshes.group(1)) >= 2
+    assert len(re.findall(r'class="node', too_big)) == len(free), "redrawn, not appended"
     placed = [p for p in page.having("placed") if "data-gpu" in p]  # not the legend's
     assert len(placed) == 8
     on_card = [a for tag, a in page.found if a.get("data-node") == found["placed_node"]]
