@@ -6,7 +6,7 @@ command line is enough for that (`--dump-dom` prints the DOM once the page's scr
 within the virtual time budget; `--screenshot` writes a PNG); no WebDriver, no downloads.
 A missing binary is installed once with apt-get (`ensure_chromium`, which runs
 scripts/ensure-chromium.sh, as `make test` does first); only when that cannot be done (no apt,
-no root, no network) does the browser test skip, saying why.
+no root, no network) do the browser tests fail, saying why.
 """
 
 from __future__ import annotations
