@@ -20,7 +20,7 @@
 # Output (cached, keyed by a hash of the tracked source, this script and the Debian suite):
 #   ~/.cache/gputopo/image/KEY/oci      the OCI layout (`skopeo copy oci:...:VERSION docker://...`)
 #   ~/.cache/gputopo/image/KEY/rootfs   the unpacked root filesystem (the test runs it with chroot)
-#   ~/.cache/gputopo/image/current      a symlink to the latest KEY
+#   ~/.cache/gputopo/image/current      a symlink to the latest KEY (the two newest are kept)
 # A second run with the same inputs prints the path and exits at once. Progress on stderr.
 set -euo pipefail
 
@@ -29,6 +29,8 @@ say() { printf '[image] %s\n' "$*" >&2; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SUITE=bookworm
 MIRROR=${GPUTOPO_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# Debian's security fixes and stable updates too, as the Dockerfile's apt-get gets them.
+SECURITY_MIRROR=${GPUTOPO_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 CACHE=${GPUTOPO_IMAGE_CACHE:-${HOME}/.cache/gputopo/image}
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' "${ROOT}/pyproject.toml" | head -1)
 PY=${ROOT}/.venv/bin/python
@@ -44,7 +46,7 @@ cd "${ROOT}"
 # The inputs: every file git tracks (or would, untracked but not ignored), as they are now.
 key=$( {
   git ls-files -co --exclude-standard -z | LC_ALL=C sort -z | xargs -0 sha256sum
-  echo "${SUITE} ${MIRROR} ${VERSION}"
+  echo "${SUITE} ${MIRROR} ${SECURITY_MIRROR} ${VERSION}"
 } | sha256sum | cut -c1-16)
 out=${CACHE}/${key}
 if [[ -f ${out}/done ]]; then
@@ -72,7 +74,10 @@ say "1/4 Debian ${SUITE} root filesystem (mmdebstrap)"
 for attempt in 1 2 3; do
   if mmdebstrap --quiet --mode=root --variant=minbase \
     --include=python3,python3-venv,ca-certificates \
-    "${SUITE}" "${rootfs}" "${MIRROR}" >&2; then
+    "${SUITE}" "${rootfs}" \
+    "deb ${MIRROR} ${SUITE} main" \
+    "deb ${MIRROR} ${SUITE}-updates main" \
+    "deb ${SECURITY_MIRROR} ${SUITE}-security main" >&2; then
     break
   fi
   [[ ${attempt} -eq 3 ]] && { say "mmdebstrap failed 3 times: is ${MIRROR} reachable?"; exit 1; }
@@ -125,5 +130,17 @@ mv "${work}/oci" "${out}/oci"
 mv "${work}/bundle/rootfs" "${out}/rootfs"
 touch "${out}/done"
 ln -sfn "${out}" "${CACHE}/current"
+# Keep the two newest finished images (this one and the one before); older ones go. Only
+# finished KEY directories of this cache are candidates, and none with anything mounted in it.
+# (The `current` symlink is not a candidate: it would count the newest image twice.)
+hex16=$(printf '[0-9a-f]%.0s' {1..16})
+# shellcheck disable=SC2086 # the glob is meant to expand
+for old in $(ls -1dt "${CACHE}"/${hex16}/done 2>/dev/null | tail -n +3); do
+  dir=$(dirname "${old}")
+  [[ $(basename "${dir}") =~ ^[0-9a-f]{16}$ ]] || continue
+  awk -v d="${dir}/" 'index($2 "/", d) == 1 {found=1} END {exit !found}' /proc/mounts && continue
+  say "removing an older image: ${dir}"
+  rm -rf --one-file-system "${dir}"
+done
 say "done: ${out}/oci (tag ${VERSION}), root filesystem ${out}/rootfs"
 echo "${out}"
