@@ -14,9 +14,15 @@ them out of the node's free GPUs:
    reservation book: counting it again would hold its GPUs twice. A pod whose reservation is
    gone (expired, released, unknown after a restart) counts as any other pod.
 
-Counts say how many GPUs a node has left, not which: the state leaves out that many of the
-node's free GPUs (the highest indices), so placement never hands out more GPUs than are free,
-and which GPUs the device plugin gives is up to the kubelet. Where the exporter reports what the
+4. A pod whose reservation is gone but that carries the GPUs gputopo recorded for it
+   (`gputopo.io/gpus`, written by the binder before it binds) holds exactly those GPUs. Seen
+   under load: a binder stalled past its reservation's TTL after binding, the reservation
+   expired, and counting the pod (rather than locating it) left its GPUs free, so a later
+   placement was given the same indices.
+
+Other pods are counted, not located: the state leaves out that many of the node's free GPUs
+(the highest indices), so placement never hands out more GPUs than are free, and which GPUs the
+device plugin gives is up to the kubelet. Where the exporter reports what the
 kubelet handed out (`gputopo.gpu_use`), those exact GPUs are left out instead, and the pods it
 names are not counted again; a pod bound but not yet reported by the kubelet still counts.
 """
@@ -29,6 +35,7 @@ from typing import Any
 
 __all__ = [
     "GPU_RESOURCES",
+    "RECORDED_GPUS_ANNOTATION",
     "RESERVATION_ANNOTATION",
     "Occupancy",
     "PodUse",
@@ -38,6 +45,7 @@ __all__ = [
 
 GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu",)
 RESERVATION_ANNOTATION = "gputopo.io/reservation"
+RECORDED_GPUS_ANNOTATION = "gputopo.io/gpus"  # the binder's record: "0,1,2,3"
 _DONE = frozenset({"Succeeded", "Failed"})
 
 
@@ -72,6 +80,7 @@ class PodUse:
     node: str
     gpus: int
     reservation: str = ""
+    recorded: frozenset[int] = frozenset()  # the GPUs gputopo recorded for it, if it did
 
 
 def pod_use(pod: Mapping[str, Any], resources: Collection[str] = GPU_RESOURCES) -> PodUse | None:
@@ -88,7 +97,20 @@ def pod_use(pod: Mapping[str, Any], resources: Collection[str] = GPU_RESOURCES) 
         node=node,
         gpus=gpus,
         reservation=str(annotations.get(RESERVATION_ANNOTATION, "")),
+        recorded=_recorded(str(annotations.get(RECORDED_GPUS_ANNOTATION, "")), gpus),
     )
+
+
+def _recorded(text: str, gpus: int) -> frozenset[int]:
+    """The recorded GPU indices when they are as many distinct indices as the pod holds;
+    anything else (absent, malformed, another count) locates nothing and the pod is counted."""
+    try:
+        indices = frozenset(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        return frozenset()
+    if len(indices) != gpus or any(i < 0 for i in indices):
+        return frozenset()
+    return indices
 
 
 class Occupancy:
@@ -130,11 +152,26 @@ class Occupancy:
         """The pods that hold GPUs of a node."""
         return sorted(self._by_node.get(node, {}).values(), key=lambda p: p.key)
 
-    def held(self, node: str, *, live: Callable[[str], bool], located: Collection[str] = ()) -> int:
-        """GPUs of a node that pods hold and nothing else accounts for: not a live reservation,
-        and not the kubelet, which `located` the GPUs of these pods (`namespace/name`)."""
-        return sum(
-            p.gpus
+    def _unaccounted(
+        self, node: str, live: Callable[[str], bool], located: Collection[str]
+    ) -> list[PodUse]:
+        return [
+            p
             for p in self._by_node.get(node, {}).values()
             if not (p.reservation and live(p.reservation)) and p.key not in located
-        )
+        ]
+
+    def held(self, node: str, *, live: Callable[[str], bool], located: Collection[str] = ()) -> int:
+        """GPUs of a node that pods hold and nothing else accounts for: not a live reservation,
+        not the kubelet, which `located` the GPUs of these pods (`namespace/name`), and not
+        gputopo's own record (`pinned`)."""
+        return sum(p.gpus for p in self._unaccounted(node, live, located) if not p.recorded)
+
+    def pinned(
+        self, node: str, *, live: Callable[[str], bool], located: Collection[str] = ()
+    ) -> frozenset[int]:
+        """The GPUs of a node that pods hold by gputopo's record (rule 4 above)."""
+        out: set[int] = set()
+        for p in self._unaccounted(node, live, located):
+            out |= p.recorded
+        return frozenset(out)

@@ -485,18 +485,31 @@ class ClusterState:
             free = free.difference(use.held)
         claimed = self.claimed(node)
         free = free.difference(d.gpu for d in claimed if d.gpu is not None)
+        free = free.difference(self._pod_pinned(node))
         taken = self.pod_held(node) + sum(1 for d in claimed if d.gpu is None)
         if not taken:
             return free
         return frozenset(sorted(free)[: max(len(free) - taken, 0)])
 
-    def pod_held(self, node: str) -> int:
-        """GPUs of a node that bound pods hold beyond what live reservations and the kubelet's
-        exact report account for."""
+    def _located(self, node: str) -> set[str]:
         use = self._kubelet.get(node)
-        located = {h.pod_key for h in use.held.values()} if use is not None and use.known else set()
+        return {h.pod_key for h in use.held.values()} if use is not None and use.known else set()
+
+    def pod_held(self, node: str) -> int:
+        """GPUs of a node that bound pods hold beyond what live reservations, the kubelet's
+        exact report and gputopo's own records account for."""
         return self.occupancy.held(
-            node, live=lambda rid: self.book.reservation(rid) is not None, located=located
+            node,
+            live=lambda rid: self.book.reservation(rid) is not None,
+            located=self._located(node),
+        )
+
+    def _pod_pinned(self, node: str) -> frozenset[int]:
+        """GPUs bound pods hold by gputopo's record, their reservation gone."""
+        return self.occupancy.pinned(
+            node,
+            live=lambda rid: self.book.reservation(rid) is not None,
+            located=self._located(node),
         )
 
     def set_kubelet_use(self, node: str, use: GpuUse | None) -> None:

@@ -149,3 +149,25 @@ def test_the_kubelets_exact_gpus_win_and_a_pod_it_has_not_reported_yet_still_cou
     assert len(state.snapshot().node("n1").free) == 4  # unknown: back to counting both pods
     state.set_kubelet_use("n1", None)
     assert len(state.snapshot().node("n1").free) == 4
+
+
+@pytest.mark.parametrize(
+    ("recorded", "want_free"),
+    [
+        pytest.param("0,1,2,3", {4, 5, 6, 7}, id="the recorded GPUs, exactly"),
+        pytest.param("4,5,6,7", {0, 1, 2, 3}, id="not the highest: the recorded ones"),
+        pytest.param("0,1", {0, 1, 2, 3}, id="a record of another count locates nothing"),
+        pytest.param("a,b,c,d", {0, 1, 2, 3}, id="a malformed record locates nothing"),
+    ],
+)
+def test_a_pod_past_its_reservation_holds_the_gpus_gputopo_recorded_for_it(
+    recorded: str, want_free: set[int]
+) -> None:
+    """Seen under load in the kill -9 test: the binder stalled past its reservation's TTL after
+    binding; the reservation expired and, counted rather than located, the pod's GPUs 0-3 read
+    as free while 4-7 were left out, so the next placement was given 0-3 again."""
+    state = _state_with_node()
+    bound = pod("a", gpus=4, reservation="expired-one")
+    bound["metadata"]["annotations"]["gputopo.io/gpus"] = recorded
+    state.pod_seen(bound)
+    assert state.snapshot().node("n1").free == frozenset(want_free)
