@@ -259,7 +259,10 @@ class HttpEndpoints:
                 "held_by_pods": self.state.pod_held(name),
                 "reserved": sorted(self.state.book.held(name)),
                 "free": sorted(self.state.free_gpus(name)),
-                "pods": [asdict(p) for p in self.state.occupancy.pods(name)],
+                "pods": [
+                    asdict(p) | {"recorded": sorted(p.recorded)}
+                    for p in self.state.occupancy.pods(name)
+                ],
             },
         }
         return web.json_response(body)
