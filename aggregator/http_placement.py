@@ -44,7 +44,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from aggregator.occupancy import pod_gpus
-from aggregator.service import PlacementError, PlacementService, PlacementStats
+from aggregator.service import PlacementError, PlacementService
 from gputopo.codec.placement import request_json_with_wire_names
 from gputopo.placement.pernode import fit_on_nodes, scores
 from gputopo.request import DEFAULT_MESSAGE_BYTES, Group, Pattern, RequestError
@@ -87,7 +87,6 @@ def _caller(request: web.Request) -> str:
 def _mirror(
     handler: Callable[[Any, str], Message | Awaitable[Message]],
     message_type: type[Message],
-    stats: PlacementStats | None = None,
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     """An aiohttp handler that parses `message_type` from JSON, calls `handler` with it and the
     caller's identity, answers JSON.
@@ -121,8 +120,6 @@ def _mirror(
                 answer = await answer
             return web.json_response(_to_json(answer))
         except PlacementError as err:
-            if stats is not None:
-                stats.rejections[err.status.name] += 1
             return _error(err.status, err.message)
 
     return serve
@@ -343,10 +340,9 @@ def add_placement_routes(
     async def explain(msg: ppb.ExplainRequest, _caller: str) -> Message:
         return await service.explain_kept(msg)
 
-    stats = service.stats
-    app.router.add_post("/api/v1/placement/place", _mirror(place, ppb.PlaceRequest, stats))
-    app.router.add_post("/api/v1/placement/commit", _mirror(commit, ppb.CommitRequest, stats))
-    app.router.add_post("/api/v1/placement/release", _mirror(release, ppb.ReleaseRequest, stats))
+    app.router.add_post("/api/v1/placement/place", _mirror(place, ppb.PlaceRequest))
+    app.router.add_post("/api/v1/placement/commit", _mirror(commit, ppb.CommitRequest))
+    app.router.add_post("/api/v1/placement/release", _mirror(release, ppb.ReleaseRequest))
     app.router.add_post("/api/v1/placement/explain", _mirror(explain, ppb.ExplainRequest))
     extender = _Extender(service, extender_callers)
     app.router.add_post("/scheduler/filter", extender.filter)

@@ -206,18 +206,14 @@ async def _answer(
     work: Callable[[_Req], _Resp | Awaitable[_Resp]],
     request: _Req,
     context: grpc.aio.ServicerContext[_Req, _Resp],
-    stats: PlacementStats | None = None,
 ) -> _Resp:
-    """Run one call's work; a `PlacementError` ends the call with its status and message
-    (counted by status in `stats`, when given: the calls that decide placements)."""
+    """Run one call's work; a `PlacementError` ends the call with its status and message."""
     try:
         answer = work(request)
         if inspect.isawaitable(answer):
             return await answer
         return answer
     except PlacementError as err:
-        if stats is not None:
-            stats.rejections[err.status.name] += 1
         await context.abort(err.status, err.message)
 
 
@@ -491,8 +487,32 @@ class PlacementService(pgrpc.PlacementServicer):
                 grpc.StatusCode.UNAVAILABLE, "reservations are still being restored"
             ) from None
 
+    async def _refusals_counted(self, work: Awaitable[_Out]) -> _Out:
+        """Place, Commit and Release refusals counted by status here, once, whichever
+        transport (gRPC, the HTTP mirror) asked."""
+        try:
+            return await work
+        except PlacementError as err:
+            self.stats.rejections[err.status.name] += 1
+            raise
+
     async def place_kept(self, request: ppb.PlaceRequest, *, caller: str = "") -> ppb.PlaceResponse:
         """`place`, with the reservation stored before the answer names it."""
+        return await self._refusals_counted(self._place_kept(request, caller))
+
+    async def commit_kept(
+        self, request: ppb.CommitRequest, *, caller: str = ""
+    ) -> ppb.CommitResponse:
+        """`commit`, stored before it is answered."""
+        return await self._refusals_counted(self._commit_kept(request, caller))
+
+    async def release_kept(
+        self, request: ppb.ReleaseRequest, *, caller: str = ""
+    ) -> ppb.ReleaseResponse:
+        """`release`, the stored reservation deleted first (a failed delete frees nothing)."""
+        return await self._refusals_counted(self._release_kept(request, caller))
+
+    async def _place_kept(self, request: ppb.PlaceRequest, caller: str) -> ppb.PlaceResponse:
         if request.dry_run:
             return await self.place(request, caller=caller)
         await self._book_is_current()
@@ -511,10 +531,7 @@ class PlacementService(pgrpc.PlacementServicer):
                     ) from None
         return resp
 
-    async def commit_kept(
-        self, request: ppb.CommitRequest, *, caller: str = ""
-    ) -> ppb.CommitResponse:
-        """`commit`, stored before it is answered."""
+    async def _commit_kept(self, request: ppb.CommitRequest, caller: str) -> ppb.CommitResponse:
         await self._book_is_current()
         resp = self.commit(request, caller=caller)
         held = self._state.reservation(request.reservation_id)
@@ -527,10 +544,7 @@ class PlacementService(pgrpc.PlacementServicer):
                 ) from None
         return resp
 
-    async def release_kept(
-        self, request: ppb.ReleaseRequest, *, caller: str = ""
-    ) -> ppb.ReleaseResponse:
-        """`release`, the stored reservation deleted first (a failed delete frees nothing)."""
+    async def _release_kept(self, request: ppb.ReleaseRequest, caller: str) -> ppb.ReleaseResponse:
         await self._book_is_current()
         self._check_holder(request.reservation_id, caller)
         if self.promises is not None and self._state.reservation(request.reservation_id):
@@ -597,7 +611,7 @@ class PlacementService(pgrpc.PlacementServicer):
     ) -> ppb.PlaceResponse:
         """See `place_kept`."""
         work = partial(self.place_kept, caller=caller_of_rpc(context))
-        return await _answer(work, request, context, self.stats)
+        return await _answer(work, request, context)
 
     async def Commit(  # noqa: N802
         self,
@@ -606,7 +620,7 @@ class PlacementService(pgrpc.PlacementServicer):
     ) -> ppb.CommitResponse:
         """See `commit_kept`."""
         work = partial(self.commit_kept, caller=caller_of_rpc(context))
-        return await _answer(work, request, context, self.stats)
+        return await _answer(work, request, context)
 
     async def Release(  # noqa: N802
         self,
@@ -615,7 +629,7 @@ class PlacementService(pgrpc.PlacementServicer):
     ) -> ppb.ReleaseResponse:
         """See `release_kept`."""
         work = partial(self.release_kept, caller=caller_of_rpc(context))
-        return await _answer(work, request, context, self.stats)
+        return await _answer(work, request, context)
 
     async def Explain(  # noqa: N802
         self,
