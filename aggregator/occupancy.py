@@ -152,26 +152,22 @@ class Occupancy:
         """The pods that hold GPUs of a node."""
         return sorted(self._by_node.get(node, {}).values(), key=lambda p: p.key)
 
-    def _unaccounted(
-        self, node: str, live: Callable[[str], bool], located: Collection[str]
-    ) -> list[PodUse]:
-        return [
-            p
-            for p in self._by_node.get(node, {}).values()
-            if not (p.reservation and live(p.reservation)) and p.key not in located
-        ]
-
     def held(self, node: str, *, live: Callable[[str], bool], located: Collection[str] = ()) -> int:
-        """GPUs of a node that pods hold and nothing else accounts for: not a live reservation,
-        not the kubelet, which `located` the GPUs of these pods (`namespace/name`), and not
-        gputopo's own record (`pinned`)."""
-        return sum(p.gpus for p in self._unaccounted(node, live, located) if not p.recorded)
+        """GPUs of a node that pods hold by count (`holding`'s first half)."""
+        return self.holding(node, live=live, located=located)[0]
 
-    def pinned(
+    def holding(
         self, node: str, *, live: Callable[[str], bool], located: Collection[str] = ()
-    ) -> frozenset[int]:
-        """The GPUs of a node that pods hold by gputopo's record (rule 4 above)."""
-        out: set[int] = set()
-        for p in self._unaccounted(node, live, located):
-            out |= p.recorded
-        return frozenset(out)
+    ) -> tuple[int, frozenset[int]]:
+        """What pods hold on a node that nothing else accounts for (not a live reservation, not
+        the kubelet, which `located` the GPUs of these pods, `namespace/name`): how many GPUs
+        pods hold by count, and which GPUs they hold by gputopo's record (rule 4 above)."""
+        counted, pinned = 0, set[int]()
+        for p in self._by_node.get(node, {}).values():
+            if (p.reservation and live(p.reservation)) or p.key in located:
+                continue
+            if p.recorded:
+                pinned |= p.recorded
+            else:
+                counted += p.gpus
+        return counted, frozenset(pinned)

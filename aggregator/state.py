@@ -485,32 +485,27 @@ class ClusterState:
             free = free.difference(use.held)
         claimed = self.claimed(node)
         free = free.difference(d.gpu for d in claimed if d.gpu is not None)
-        free = free.difference(self._pod_pinned(node))
-        taken = self.pod_held(node) + sum(1 for d in claimed if d.gpu is None)
+        counted, pinned = self._pods_holding(node)
+        free = free.difference(pinned)
+        taken = counted + sum(1 for d in claimed if d.gpu is None)
         if not taken:
             return free
         return frozenset(sorted(free)[: max(len(free) - taken, 0)])
 
-    def _located(self, node: str) -> set[str]:
+    def _pods_holding(self, node: str) -> tuple[int, frozenset[int]]:
+        """(GPUs bound pods hold by count, GPUs they hold by gputopo's record), beyond what
+        live reservations and the kubelet's exact report account for."""
         use = self._kubelet.get(node)
-        return {h.pod_key for h in use.held.values()} if use is not None and use.known else set()
+        located = {h.pod_key for h in use.held.values()} if use is not None and use.known else set()
+        return self.occupancy.holding(
+            node, live=lambda rid: self.book.reservation(rid) is not None, located=located
+        )
 
     def pod_held(self, node: str) -> int:
-        """GPUs of a node that bound pods hold beyond what live reservations, the kubelet's
-        exact report and gputopo's own records account for."""
-        return self.occupancy.held(
-            node,
-            live=lambda rid: self.book.reservation(rid) is not None,
-            located=self._located(node),
-        )
-
-    def _pod_pinned(self, node: str) -> frozenset[int]:
-        """GPUs bound pods hold by gputopo's record, their reservation gone."""
-        return self.occupancy.pinned(
-            node,
-            live=lambda rid: self.book.reservation(rid) is not None,
-            located=self._located(node),
-        )
+        """GPUs of a node that bound pods hold, by count or by record, beyond what live
+        reservations and the kubelet's exact report account for."""
+        counted, pinned = self._pods_holding(node)
+        return counted + len(pinned)
 
     def set_kubelet_use(self, node: str, use: GpuUse | None) -> None:
         """What a node's kubelet says is held (None: its exporter does not ask the kubelet)."""
