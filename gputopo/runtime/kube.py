@@ -337,32 +337,6 @@ class KubeClient:
         with contextlib.suppress(NotFoundError):
             await self.request("DELETE", f"/api/v1/nodes/{quote(name)}")
 
-    async def patch_node_metadata(
-        self,
-        name: str,
-        *,
-        labels: Mapping[str, str | None],
-        annotations: Mapping[str, str | None],
-        resource_version: str,
-    ) -> NodeObject:
-        """A JSON merge patch of labels and annotations (None removes a key).
-
-        The resource version makes it conditional: if the Node changed since it was read, the
-        server answers 409 (`ConflictError`) and nothing is written.
-        """
-        metadata: dict[str, Any] = {"resourceVersion": resource_version}
-        if labels:
-            metadata["labels"] = dict(labels)
-        if annotations:
-            metadata["annotations"] = dict(annotations)
-        result = await self.request(
-            "PATCH",
-            f"/api/v1/nodes/{quote(name)}",
-            body={"metadata": metadata},
-            content_type=MERGE_PATCH,
-        )
-        return NodeObject.from_json(result)
-
     async def apply_node_metadata(
         self,
         name: str,

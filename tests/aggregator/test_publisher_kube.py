@@ -103,12 +103,12 @@ def test_200_simulated_nodes_converge_and_foreign_labels_stay(
     async def body() -> None:
         await create_nodes(kube_apiserver, names, labels=foreign)
         client = KubeClient(kube_apiserver.api_client())
-        node = await client.get_node(special)
-        await client.patch_node_metadata(
-            special,
-            labels={"fabric.topograph.run/tier-0": "set-by-topograph"},
-            annotations={},
-            resource_version=node.resource_version,
+        await client.request(  # topograph's own label, set before gputopo runs
+            "PATCH",
+            f"/api/v1/nodes/{special}",
+            query={"fieldManager": "topograph"},
+            body={"metadata": {"labels": {"fabric.topograph.run/tier-0": "set-by-topograph"}}},
+            content_type=MERGE_PATCH,
         )
         client.close()
         options = KubeOptions(publisher=fast_publisher(settle_s=0.5))
