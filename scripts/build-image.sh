@@ -87,7 +87,11 @@ for attempt in 1 2 3; do
 done
 
 say "2/4 wheels of this checkout and its runtime dependencies"
-"${PY}" -m pip wheel --quiet --disable-pip-version-check -w "${work}/wheels" "${ROOT}" >&2
+# From a copy of exactly the files the cache key hashed: building in the checkout would leave a
+# build/ directory there, whose stale copies of deleted modules a later wheel would ship.
+mkdir -p "${work}/src"
+git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xf - -C "${work}/src"
+"${PY}" -m pip wheel --quiet --disable-pip-version-check -w "${work}/wheels" "${work}/src" >&2
 mkdir -p "${rootfs}/tmp/wheels"
 cp "${work}"/wheels/*.whl "${rootfs}/tmp/wheels/"
 # env -i: nothing of this machine's environment (pip settings, proxies) reaches the image.
@@ -109,8 +113,7 @@ find "${rootfs}" -newermt "@${SOURCE_DATE_EPOCH}" -print0 2>/dev/null \
 say "4/4 OCI image ghcr.io/gputopo/gputopo:${VERSION} (umoci)"
 umoci init --layout "${work}/oci"
 umoci new --image "${work}/oci:${VERSION}"
-umoci unpack --rootless --image "${work}/oci:${VERSION}" "${work}/bundle" >/dev/null 2>&1 || \
-  umoci unpack --image "${work}/oci:${VERSION}" "${work}/bundle"
+umoci unpack --image "${work}/oci:${VERSION}" "${work}/bundle" >&2
 rm -rf "${work}/bundle/rootfs"
 mv "${rootfs}" "${work}/bundle/rootfs"
 created=$(date -u -d "@${SOURCE_DATE_EPOCH}" +%Y-%m-%dT%H:%M:%SZ)
