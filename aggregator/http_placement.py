@@ -47,7 +47,13 @@ from aggregator.occupancy import pod_gpus
 from aggregator.service import PlacementError, PlacementService
 from gputopo.codec.placement import request_json_with_wire_names
 from gputopo.placement.pernode import fit_on_nodes, scores
-from gputopo.request import DEFAULT_MESSAGE_BYTES, Group, Pattern, RequestError
+from gputopo.request import (
+    DEFAULT_MESSAGE_BYTES,
+    DEFAULT_PATTERN,
+    Group,
+    RequestError,
+    pattern_from_text,
+)
 from gputopo.runtime.identity import caller_of_http
 from gputopo.v1 import placement_pb2 as ppb
 
@@ -304,11 +310,12 @@ def _island(annotations: Mapping[str, str]) -> bool:
 
 
 def _group(annotations: Mapping[str, str], gpus: int) -> Group:
-    pattern = Pattern.ALL_REDUCE
-    text = annotations.get(_ANNOTATION + "pattern", "").strip().lower().replace("-", "_")
-    for p in Pattern:
-        if p.value == text:
-            pattern = p
+    # Either spelling (`all-reduce`, `PATTERN_ALL_REDUCE`), as in every form of a request; an
+    # absent or unreadable one is the default a request without `pattern` gets.
+    try:
+        pattern = pattern_from_text("pattern", annotations.get(_ANNOTATION + "pattern"))
+    except RequestError:
+        pattern = DEFAULT_PATTERN
     try:
         size = int(annotations.get(_ANNOTATION + "message-bytes", DEFAULT_MESSAGE_BYTES))
     except ValueError:

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 __all__ = [
     "DEFAULT_MESSAGE_BYTES",
+    "DEFAULT_PATTERN",
     "MAX_GPUS_PER_REQUEST",
     "Constraint",
     "Edge",
@@ -70,6 +71,12 @@ class Pattern(enum.Enum):
     PIPELINE = "pipeline"
 
 
+# What a group runs when its request does not say, in every form of a request (YAML, JSON, gRPC's
+# zero value, the page): tensor and data parallel groups all-reduce, and a request that asks for
+# GPUs together almost always wants them to talk. "No communication" must be asked for (`none`).
+DEFAULT_PATTERN = Pattern.ALL_REDUCE
+
+
 class Pairing(enum.Enum):
     """Which replicas an edge joins."""
 
@@ -101,7 +108,7 @@ class Group:
     pods: int = 1
     gpus_per_pod: int = 1
     replicas: int = 1
-    pattern: Pattern = Pattern.ALL_REDUCE
+    pattern: Pattern = DEFAULT_PATTERN
     message_bytes: int = DEFAULT_MESSAGE_BYTES
     scope: Constraint = Constraint()
     spread: Spread | None = None
@@ -345,7 +352,7 @@ def _group(path: str, data: Any) -> Group:
         pods=_int(f"{path}.pods", m.get("pods", 1)),
         gpus_per_pod=_int(f"{path}.gpus_per_pod", m.get("gpus_per_pod", 1)),
         replicas=_int(f"{path}.replicas", m.get("replicas", 1)),
-        pattern=_enum(f"{path}.pattern", Pattern, m.get("pattern", "all_reduce")),
+        pattern=_pattern(f"{path}.pattern", m.get("pattern")),
         message_bytes=_int(
             f"{path}.message_bytes", m.get("message_bytes", DEFAULT_MESSAGE_BYTES), minimum=0
         ),
@@ -353,6 +360,14 @@ def _group(path: str, data: Any) -> Group:
         spread=spread,
         node_selector=_labels(f"{path}.node_selector", m.get("node_selector")),
     )
+
+
+def _pattern(path: str, value: Any) -> Pattern:
+    """A group's collective: absent (or protobuf's `PATTERN_UNSPECIFIED`) means all-reduce, the
+    same in YAML, JSON, gRPC and the page (README, "One meaning of a request")."""
+    if value is None or _unspecified(value, Pattern):
+        return DEFAULT_PATTERN
+    return _enum(path, Pattern, value)
 
 
 def _edge(path: str, data: Any) -> Edge:
@@ -378,13 +393,15 @@ def _constraint(path: str, data: Any) -> Constraint:
         return Constraint()
     m = _mapping(path, data)
     _known(path, m, {"required", "preferred"})
-    required = _scope(f"{path}.required", m["required"]) if m.get("required") else None
-    preferred = _scope(f"{path}.preferred", m["preferred"]) if m.get("preferred") else None
+    required, preferred = (
+        _scope(f"{path}.{end}", m[end]) if m.get(end) and not _unspecified(m[end], Scope) else None
+        for end in ("required", "preferred")
+    )
     return Constraint(required=required, preferred=preferred)
 
 
 def _scope(path: str, value: Any) -> Scope:
-    text = _str(path, value).strip().lower().replace("-", "_")
+    text = _plain(_str(path, value), Scope)
     aliases = {
         "nvlink_domain": "nvlink",
         "host": "node",
@@ -404,12 +421,28 @@ def _scope(path: str, value: Any) -> Scope:
 
 
 def _enum(path: str, kind: type[_E], value: Any) -> _E:
-    text = _str(path, value).strip().lower().replace("-", "_")
+    text = _plain(_str(path, value), kind)
     for member in kind:
         if member.value == text:
             return member
     names = ", ".join(str(m.value) for m in kind)
     raise RequestError(path, f"unknown value {value!r}; one of {names}")
+
+
+def _plain(text: str, kind: type[enum.Enum]) -> str:
+    """An enum value as the YAML form spells it, from either spelling: `all-reduce`,
+    `all_reduce` or protobuf's `PATTERN_ALL_REDUCE` (`SCOPE_NVLINK`, `PAIRING_ONE_TO_ONE`) all
+    give `all_reduce`. Why: the JSON mirror takes protobuf's names, and a request copied from
+    one form to another must mean the same (README, "One meaning of a request")."""
+    plain = text.strip().lower().replace("-", "_")
+    prefix = kind.__name__.lower() + "_"
+    return plain.removeprefix(prefix)
+
+
+def _unspecified(value: Any, kind: type[enum.Enum]) -> bool:
+    """Whether `value` is protobuf's zero name for `kind` (`PATTERN_UNSPECIFIED`): the same as
+    leaving the field out, in every form."""
+    return isinstance(value, str) and _plain(value, kind) == "unspecified"
 
 
 def _mapping(path: str, data: Any) -> Mapping[str, Any]:

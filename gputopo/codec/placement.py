@@ -18,6 +18,7 @@ from gputopo.placement.result import (
 )
 from gputopo.request import (
     DEFAULT_MESSAGE_BYTES,
+    DEFAULT_PATTERN,
     Constraint,
     Edge,
     Group,
@@ -46,7 +47,14 @@ _PATTERN_TO = {
     Pattern.ALL_TO_ALL: ppb.PATTERN_ALL_TO_ALL,
     Pattern.PIPELINE: ppb.PATTERN_PIPELINE,
 }
-_PATTERN_FROM = {v: k for k, v in _PATTERN_TO.items()} | {ppb.PATTERN_UNSPECIFIED: Pattern.NONE}
+# protobuf's zero value is what a client that never set the field sends (and what the JSON
+# mirror parses an absent `pattern` into): it means the default, as an absent `pattern` does in
+# YAML. PATTERN_NONE is how a request says "no communication".
+_PATTERN_FROM = {v: k for k, v in _PATTERN_TO.items()} | {ppb.PATTERN_UNSPECIFIED: DEFAULT_PATTERN}
+# Fields the YAML form defaults to 1 when absent; protobuf's JSON parser would read them as 0,
+# which `validate` refuses, so an absent one in a JSON body gets the YAML form's default.
+# By the .proto name and protobuf's JSON name (either may be used in a body).
+_COUNTS = {"replicas": "replicas", "pods": "pods", "gpus_per_pod": "gpusPerPod"}
 
 
 def _scope_from(value: int, path: str) -> Scope | None:
@@ -80,6 +88,8 @@ def request_json_with_wire_names(data: Any, path: str = "request") -> Any:
     so those are translated here with the YAML form's own parsers: one vocabulary, and an unknown
     spelling is a `RequestError` naming the field and the valid values. A protobuf name or number
     passes unchanged; a shape that is not a request's is left for the protobuf parser to refuse.
+    A group's absent `replicas`, `pods` and `gpus_per_pod` are 1, as in YAML; an absent
+    `pattern` is all-reduce through `request_from_proto`: one meaning of a request.
     """
     if not isinstance(data, Mapping):
         return data
@@ -123,6 +133,9 @@ def _wire_group(data: Any, path: str) -> Any:
     if not isinstance(data, Mapping):
         return data
     group = dict(data)
+    for count, json_name in _COUNTS.items():
+        if count not in group and json_name not in group:
+            group[count] = 1
     _wire_constraint(group, "scope", path)
     if isinstance(group.get("spread"), Mapping):
         group["spread"] = dict(group["spread"])

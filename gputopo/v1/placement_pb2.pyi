@@ -85,17 +85,22 @@ class _Pattern:
 class _PatternEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Pattern.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     PATTERN_UNSPECIFIED: _Pattern.ValueType  # 0
-    """treated as NONE"""
+    """the default: all-reduce"""
     PATTERN_NONE: _Pattern.ValueType  # 1
     PATTERN_ALL_REDUCE: _Pattern.ValueType  # 2
     PATTERN_ALL_TO_ALL: _Pattern.ValueType  # 3
     PATTERN_PIPELINE: _Pattern.ValueType  # 4
     """each rank talks to its neighbours"""
 
-class Pattern(_Pattern, metaclass=_PatternEnumTypeWrapper): ...
+class Pattern(_Pattern, metaclass=_PatternEnumTypeWrapper):
+    """The collective a group's GPUs run. Unset (PATTERN_UNSPECIFIED, what a client that never sets
+    the field sends) means PATTERN_ALL_REDUCE, as an absent `pattern` does in the YAML and JSON
+    forms; "no communication" is PATTERN_NONE, said explicitly. Before 2026-11 the server read
+    UNSPECIFIED as NONE; the numbers are unchanged, so old clients still decode.
+    """
 
 PATTERN_UNSPECIFIED: Pattern.ValueType  # 0
-"""treated as NONE"""
+"""the default: all-reduce"""
 PATTERN_NONE: Pattern.ValueType  # 1
 PATTERN_ALL_REDUCE: Pattern.ValueType  # 2
 PATTERN_ALL_TO_ALL: Pattern.ValueType  # 3
