@@ -13,6 +13,11 @@ Those three come from the boot every process shares (`gputopo.runtime.http`).
   the answer's `continue` (absent on the last page) is passed back as `?continue=`.
 - `/ui/`: the topology page (`aggregator/ui/`, static files): the fabric tree with free and
   held GPUs, a node's GPU link matrix, a reservation's GPUs highlighted (`?reservation=ID`).
+- `/api/v1/summary`: one compact row per node for the page's overview (name, tier-0 domain,
+  model, GPUs, free, pending, flags; `aggregator.overview`): about 50 kB at 1,000 nodes, where
+  the full topology is megabytes. `/api/v1/nodes/{name}/holders`: who holds each of a node's
+  GPUs (reservations with job and owner, pods by the kubelet's report, gputopo's record or only
+  by count, DRA claims).
 - `/api/v1/nodes/{name}/sources`: where each part of the node's fabric position came from, what
   every source said, the conflicts, the labels this aggregator wants on the node, and what
   holds its GPUs (reservations, and pods bound by anyone: `occupancy`).
@@ -33,6 +38,7 @@ from google.protobuf import json_format
 from prometheus_client import CollectorRegistry
 
 from aggregator.dumps import TopologyJson
+from aggregator.overview import SummaryCache, SummaryInputs, holders
 from aggregator.service import cluster_message, dump_facts
 from aggregator.state import ClusterState
 from gputopo.runtime.http import HttpServer, ProbeResult
@@ -167,6 +173,12 @@ class HttpEndpoints:
     ) -> None:
         self.state = state
         self.topology = TopologyCache(state, clock=clock, off_loop=off_loop or asyncio.to_thread)
+        self.summary = SummaryCache(
+            generation=lambda: state.generation,
+            inputs=self._summary_inputs,
+            clock=clock,
+            off_loop=off_loop or asyncio.to_thread,
+        )
         self._extra_routes = extra_routes
         self.registry = registry
         self.clock = clock
@@ -196,6 +208,8 @@ class HttpEndpoints:
         app.router.add_get("/api/v1/topology", self._topology)
         app.router.add_get("/api/v1/nodes/{name}", self._node)
         app.router.add_get("/api/v1/nodes/{name}/sources", self._sources)
+        app.router.add_get("/api/v1/summary", self._summary)
+        app.router.add_get("/api/v1/nodes/{name}/holders", self._holders)
         if self._extra_routes is not None:  # the placement mirror and extender
             self._extra_routes(app)
 
@@ -264,5 +278,36 @@ class HttpEndpoints:
                     for p in self.state.occupancy.pods(name)
                 ],
             },
+        }
+        return web.json_response(body)
+
+    def _summary_inputs(self) -> SummaryInputs:
+        snapshot = self.state.snapshot()
+        _, reserved = dump_facts(snapshot, self.state, ())
+        return snapshot, reserved
+
+    async def _summary(self, request: web.Request) -> web.Response:
+        resp = web.Response(body=await self.summary.get(), content_type="application/json")
+        resp.enable_compression()  # rows repeat their shape: gzip takes ~80 % off
+        return resp
+
+    async def _holders(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        rec = self.state.record(name)
+        if rec is None:
+            return web.json_response({"error": f"unknown node {name!r}"}, status=404)
+        state = self.state
+        body = {
+            "node": name,
+            "gpus": rec.topology.gpu_count,
+            "free": sorted(state.free_gpus(name)),
+            "holders": holders(
+                name,
+                reservations=state.reservations(),
+                kubelet=state.kubelet_use(name),
+                pods=state.occupancy.pods(name),
+                claims=state.claimed(name),
+                live=lambda rid: state.reservation(rid) is not None,
+            ),
         }
         return web.json_response(body)

@@ -36,7 +36,7 @@ def _page_urls() -> list[str]:
 
 def test_the_page_names_only_relative_urls() -> None:
     urls = _page_urls()
-    assert len(urls) >= 5, urls  # three JSON routes, the stylesheet, the script
+    assert len(urls) >= 6, urls  # four JSON routes, the stylesheet, the script
     for url in urls:
         parts = urllib.parse.urlsplit(url)
         assert not parts.scheme, url
@@ -78,7 +78,8 @@ def test_every_url_the_page_uses_resolves_over_mutual_tls(tmp_path: Path) -> Non
     assert seen["/ui/"] == (200, "text/html")
     assert seen["/ui/app.js"][0] == 200
     assert seen["/ui/style.css"] == (200, "text/css")
-    assert seen["/api/v1/topology"] == (200, "application/json")
+    assert seen["/api/v1/summary"] == (200, "application/json")
     # No node and no reservation here: the routes answer with their JSON "not found".
     assert seen["/api/v1/nodes/n1"] == (404, "application/json")
+    assert seen["/api/v1/nodes/n1/holders"] == (404, "application/json")
     assert seen["/api/v1/placement/explain"] == (404, "application/json")

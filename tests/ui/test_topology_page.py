@@ -2,14 +2,17 @@
 
 The aggregator serves the demo's nodes (one of them with a degraded NVLink) and holds one
 placement; Chromium loads `/ui/?reservation=ID#node=NAME`. The DOM must show every demo node
-with its free GPU count, the fabric tree's levels, the chosen node's GPU link matrix (one cell
-per GPU pair, the degraded link marked) and the placement's GPUs highlighted. A screenshot is
-saved under the test's directory and its path printed.
+with its free GPU count in the overview's tiles (one per tier-0 domain), the chosen node's
+matrix as `gputopo topo show` prints it (GPUs and NICs, lane counts, the degraded link marked,
+PHB and SYS in different colours) and the placement's GPUs highlighted. `?place=4` must send an
+all-reduce, say so, and land on one NVLink domain. A screenshot is saved under the test's
+directory and its path printed. (The 1,000-node acceptance test is test_page_at_scale.py.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from dataclasses import replace
 from html.parser import HTMLParser
@@ -107,50 +110,75 @@ def test_the_page_shows_the_tree_a_node_matrix_and_a_placement(
     page = Elements()
     page.feed(dom)
     assert 'data-ready="true"' in dom, dom[:2000]
-    cards = {a["data-node"]: a for a in page.having("node")}
+    squares = {a["data-node"]: a for a in page.having("sq")}
     free = found["free"]
     assert isinstance(free, dict)
-    assert set(cards) == set(free), "every demo node, and only those"
+    assert set(squares) == set(free), "every demo node, and only those"
     for name, n_free in free.items():
-        assert cards[name]["data-free"] == str(n_free), name
-    levels = {a["data-level"] for a in page.having("domain") if a.get("data-level")}
-    assert {"tier-0", "tier-1"} <= levels, levels
-    assert page.having("nvgroup"), "the NVL72 rack's NVLink domain is shown"
+        assert squares[name]["data-free"] == str(n_free), name
+    tiles = {a["data-domain"] for a in page.having("domain")}
+    assert tiles == {
+        f"core-1/spine-{s}/leaf-{leaf}" for s, leaf in ((1, 1), (1, 2), (2, 3), (2, 4))
+    }
+    assert len(page.having("nvl")) == 18, "the NVL72 rack's trays are marked as one NVLink domain"
+    assert "1 NVLink domain<" in dom
     gpus = chosen.gpu_count
-    assert len(page.having("cell")) == gpus * gpus, "one cell per GPU pair"
+    assert len(page.having("gg")) == gpus * (gpus - 1), "one cell per GPU pair"
+    nics = len(chosen.nics)
+    assert len(page.having("cell")) == (gpus + nics) ** 2, "GPUs and NICs, as topo show"
     degraded = page.having("degraded")
-    assert len(degraded) == 2, "the degraded NVLink, both directions"
-    assert "lanes_down" in degraded[0]["title"]
+    degraded_cells = [a for a in degraded if "cell" in a.get("class", "").split()]
+    assert len(degraded_cells) == 2, "the degraded NVLink, both directions"
+    assert "lanes_down" in degraded_cells[0]["title"]
+    assert "NVLINK, 9/18 lanes" in degraded_cells[0]["title"], "the lane count, as topo show"
+    assert "225.0 GB/s" in degraded_cells[0]["title"], "the halved link's bandwidth"
     assert re.search(r"degraded \(1 link\)", dom), "the matrix's key counts the degraded link"
-    domains = [a for a in page.having("domain") if a.get("data-level")]
-    assert len(page.having("bar")) == len(domains), "every fabric domain has its free-GPU bar"
+    kinds = {a["data-kind"] for a in page.having("cell") if "data-kind" in a}
+    assert {"NVLINK", "PIX", "PHB", "SYS"} <= kinds, kinds
+    colours = {
+        a["data-kind"]: a["style"]
+        for a in page.having("cell")
+        if a.get("data-kind") in ("PHB", "SYS")
+    }
+    assert colours["PHB"] != colours["SYS"], "PHB and SYS links look different"
     (label,) = [a for _, a in page.found if a.get("id") == "placement"]
     assert label["data-placed-gpus"] == "8", label
     assert f"8 GPUs on {found['placed_node']}" in dom, "the header says where it is"
     k = 8 if found["placed_node"] == chosen.name else 0  # the placement's GPUs on this matrix
     assert len(page.having("in-placement")) == k * (k - 1), "the links the placement uses"
-    cells = {a["title"] for a in page.having("cell") if "title" in a}
-    assert any(t.startswith("NVLINK 225 GB/s") for t in cells), "the halved link's bandwidth"
+    placed_squares = [a["data-node"] for a in page.having("sq") if "placed" in a["class"].split()]
+    assert placed_squares == [found["placed_node"]]
+    assert re.search(r"\d+ nodes · \d+/\d+ GPUs free", dom)
 
     explained = Elements()
     explained.feed(str(found["explained"]))
     (label,) = [a for _, a in explained.found if a.get("id") == "placement"]
     assert label.get("data-placed-gpus") == "4", "?place=4 highlights where Explain puts 4"
-    assert len([p for p in explained.having("placed") if "data-gpu" in p]) == 4
+    assert json.loads(label["data-request"])["groups"][0]["pattern"] == "all_reduce"
+    assert "running an all-reduce" in str(found["explained"]), "the page says what it assumed"
+    (where,) = label["data-placed-nodes"].split(",")
+    placed_rows = [a for a in explained.having("gpu-row") if "placed" in a["class"].split()]
+    assert len(placed_rows) == 4, "the node view opens on the placed node, its 4 GPUs marked"
+    on = {int(a["data-gpu"]) for a in placed_rows}
+    topo = next(n for n in nodes if n.name == where)
+    kinds_between = {
+        lk.kind for lk in topo.links if {lk.a.index, lk.b.index} <= on and lk.a.kind is lk.b.kind
+    }
+    assert kinds_between == {LinkKind.NVLINK}, (
+        f"?place=4 picked {where} {sorted(on)}: not one NVLink domain"
+    )
+    assert not where.startswith("pcie-"), "not the PCIe server's bridged pairs"
 
     too_big = str(found["too_big"])
-    assert re.search(r'id="placement"[^>]*>where 1000 GPUs would go: [^<]+<', too_big)
+    assert re.search(r'id="placement"[^>]*>where 1000 GPUs would go [^<]*: not placed', too_big)
     assert 'data-ready="true"' in too_big, "an unplaceable ask still shows the cluster"
-    assert 'class="gpu placed"' not in too_big.split("</header>", 1)[1]
+    unplaced = Elements()
+    unplaced.feed(too_big)
+    assert not [a for a in unplaced.having("sq") if "placed" in a["class"].split()]
     refreshes = re.search(r'data-refreshes="(\d+)"', too_big)
-    assert refreshes, "?refresh=2 redraws the tree within the 8 s the page is given"
+    assert refreshes, "?refresh=2 redraws the overview within the 8 s the page is given"
     assert int(refreshes.group(1)) >= 2
-    assert len(re.findall(r'class="node', too_big)) == len(free), "redrawn, not appended"
-    placed = [p for p in page.having("placed") if "data-gpu" in p]  # not the legend's
-    assert len(placed) == 8
-    on_card = [a for tag, a in page.found if a.get("data-node") == found["placed_node"]]
-    assert on_card, "the placed node is on the page"
-    assert re.search(r"\d+ nodes · \d+/\d+ GPUs free", dom)
+    assert len(re.findall(r'class="sq[ "]', too_big)) == len(free), "redrawn, not appended"
     shot = found["shot"]
     assert isinstance(shot, Path)
     assert shot.stat().st_size > 10_000
