@@ -35,11 +35,11 @@ from tests.harness.chromium import Browser
 pytestmark = [pytest.mark.browser]
 
 SPINES, LEAVES, PER_LEAF = 5, 10, 20
-SEARCHED = "n3-7-13"  # has a reservation's GPUs and two bound pods (see _cluster)
+SEARCHED = "n3-7-13"  # has a reservation's GPUs and two bound pods (see cluster)
 FIRST_PAINT_S = 2.0
 BYTES = 1_000_000
 
-_METRICS = """(() => {
+METRICS = """(() => {
   const nav = performance.getEntriesByType('navigation')[0];
   const res = performance.getEntriesByType('resource');
   const size = (e) => Math.max(e.transferSize || 0, e.encodedBodySize || 0);
@@ -63,10 +63,11 @@ def _degraded(topo: NodeTopology) -> NodeTopology:
     return replace(topo, links=(first, *topo.links[1:]))
 
 
-def _cluster(agg: Aggregator) -> None:
-    """1,000 nodes; every 4th node of a leaf fully held, the next half held, by one reservation
-    per leaf; two pods bound on SEARCHED; every 150th node has a degraded NVLink."""
-    for s in range(1, SPINES + 1):
+def cluster(agg: Aggregator, *, spines: int = SPINES) -> None:
+    """`spines` x 200 nodes (1,000 by default); every 4th node of a leaf fully held, the next
+    half held, by one reservation per leaf; two pods bound on SEARCHED; every 150th node has a
+    degraded NVLink. (scripts/bench_page.py builds 10,000 with it.)"""
+    for s in range(1, spines + 1):
         for leaf in range(1, LEAVES + 1):
             tiers = (f"leaf-{s}-{leaf}", f"spine-{s}", "core")
             pods = []
@@ -108,7 +109,7 @@ def test_the_page_shows_a_thousand_nodes_fast_small_searchable_and_filterable(
 
     async def body() -> None:
         agg = Aggregator(AggregatorConfig(http_port=0))
-        _cluster(agg)
+        cluster(agg)
         await agg.start()
         seen["eight_free"] = sorted(
             n for n in agg.state.node_names if len(agg.state.free_gpus(n)) >= 8
@@ -126,7 +127,7 @@ def test_the_page_shows_a_thousand_nodes_fast_small_searchable_and_filterable(
                 await page.goto(f"http://127.0.0.1:{agg.http_port}/ui/")
                 await page.wait_for("document.body.dataset.ready === 'true'", timeout_s=60)
                 await page.wait_for("performance.getEntriesByName('overview-painted').length")
-                seen["metrics"] = await page.evaluate(_METRICS)
+                seen["metrics"] = await page.evaluate(METRICS)
 
                 await page.evaluate(
                     "(() => { const s = document.getElementById('search'); s.value = 'n1-1-';"
