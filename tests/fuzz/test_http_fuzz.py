@@ -38,6 +38,8 @@ GETS = [
     "/api/v1/topology?links=false",
     "/api/v1/nodes/dgx-1",
     "/api/v1/nodes/dgx-1/sources",
+    "/api/v1/nodes/dgx-1/holders",
+    "/api/v1/summary",
     "/healthz",
     "/readyz",
     "/metrics",
@@ -239,6 +241,7 @@ def test_gets_with_junk_never_500(
     sep = "&" if "?" in path else "?"
     assert s.send("GET", f"{path}{sep}links={quote(junk)}&{quote(junk)}=1") < 500
     assert s.send("GET", f"/api/v1/nodes/{quote(junk, safe='')}") < 500
+    assert s.send("GET", f"/api/v1/nodes/{quote(junk, safe='')}/holders") < 500
 
 
 def test_exporter_routes_never_500() -> None:

@@ -65,7 +65,7 @@ def _degraded(topo: NodeTopology) -> NodeTopology:
 
 def cluster(agg: Aggregator, *, spines: int = SPINES) -> None:
     """`spines` x 200 nodes (1,000 by default); every 4th node of a leaf fully held, the next
-    half held, by one reservation per leaf; two pods bound on SEARCHED; every 150th node has a
+    half held, by one reservation per leaf; two pods bound on SEARCHED; about one node in 37 has a
     degraded NVLink. (scripts/bench_page.py builds 10,000 with it.)"""
     for s in range(1, spines + 1):
         for leaf in range(1, LEAVES + 1):
@@ -77,7 +77,7 @@ def cluster(agg: Aggregator, *, spines: int = SPINES) -> None:
                     topo = _named(pcie_node(name, tiers=tiers, nics=2), "NVIDIA L40S")
                 else:
                     topo = _named(nvswitch_node(name, tiers=tiers), "NVIDIA H100 80GB HBM3")
-                if (s * 1000 + leaf * 100 + i) % 150 == 0:
+                if (s * 7 + leaf * 3 + i) % 37 == 0:
                     topo = _degraded(topo)
                 agg.state.add_static(topo)
                 held = {0: range(8), 1: range(4)}.get(i % 4, range(0))
@@ -114,7 +114,16 @@ def test_the_page_shows_a_thousand_nodes_fast_small_searchable_and_filterable(
         seen["eight_free"] = sorted(
             n for n in agg.state.node_names if len(agg.state.free_gpus(n)) >= 8
         )
-        seen["nics"] = [n.name for n in agg.state.snapshot().node(SEARCHED).topology.nics]
+        snapshot = agg.state.snapshot()
+        seen["nics"] = [n.name for n in snapshot.node(SEARCHED).topology.nics]
+        seen["l40s"] = sum(
+            1 for n in seen["eight_free"] if snapshot.node(n).topology.gpus[0].name == "NVIDIA L40S"
+        )
+        seen["degraded"] = sorted(
+            n
+            for n in snapshot.nodes
+            if any(lk.health is not LinkHealth.OK for lk in snapshot.node(n).topology.links)
+        )
         try:
             async with Browser.start(profile=tmp_path / "cdp") as page:
                 await page.call(
@@ -164,6 +173,41 @@ def test_the_page_shows_a_thousand_nodes_fast_small_searchable_and_filterable(
                     ".map(q => q.dataset.node).sort()"
                 )
                 seen["filtered_rows"] = await page.evaluate(_ROWS)
+                await page.evaluate(
+                    "(() => { const m = document.getElementById('model');"
+                    " m.value = 'NVIDIA L40S'; m.dispatchEvent(new Event('change')); })()"
+                )
+                seen["l40s_eight_free"] = await page.evaluate(
+                    "document.getElementById('matches').textContent"
+                )
+                await page.evaluate(
+                    "(() => { const m = document.getElementById('model'); m.value = '';"
+                    " m.dispatchEvent(new Event('change'));"
+                    " const f = document.getElementById('min-free'); f.value = '0';"
+                    " f.dispatchEvent(new Event('input'));"
+                    " const d = document.getElementById('degraded'); d.checked = true;"
+                    " d.dispatchEvent(new Event('change')); })()"
+                )
+                seen["degraded_lit"] = await page.evaluate(
+                    "[...document.querySelectorAll('#overview .sq:not(.dim)')]"
+                    ".map(q => q.dataset.node).sort()"
+                )
+                await page.evaluate(
+                    "(() => { const d = document.getElementById('degraded'); d.checked = false;"
+                    " d.dispatchEvent(new Event('change'));"
+                    ' document.querySelector(\'#overview .domain[data-domain$="/leaf-2-3"]'
+                    " .title').click(); })()"
+                )
+                seen["drilled"] = await page.evaluate(_ROWS)
+                await page.evaluate(
+                    "(() => { const f = document.getElementById('min-free'); f.value = '8';"
+                    " f.dispatchEvent(new Event('input'));"
+                    " document.getElementById('domain-chip').querySelector('button').click();"
+                    " location.hash = 'node=n3-7-13'; })()"
+                )
+                await page.wait_for(
+                    "document.getElementById('matches').textContent.startsWith('500')"
+                )
                 shot = await page.call("Page.captureScreenshot", format="png")
                 path = tmp_path / "topology-1000-nodes.png"
                 path.write_bytes(base64.b64decode(shot["data"]))
@@ -199,6 +243,13 @@ def test_the_page_shows_a_thousand_nodes_fast_small_searchable_and_filterable(
     rows = seen["filtered_rows"]
     assert rows, "the list shows them"
     assert all(free >= 8 for _, free in rows), rows
+    total = SPINES * LEAVES * PER_LEAF
+    assert 0 < seen["l40s"] < len(want)
+    assert seen["l40s_eight_free"] == f"{seen['l40s']} of {total} nodes match", "model filter"
+    assert seen["degraded"], "the cluster has degraded nodes"
+    assert seen["degraded_lit"] == seen["degraded"], "the degraded filter lights exactly those"
+    drilled = [n for n, _ in seen["drilled"]]
+    assert drilled == [f"n2-3-{i}" for i in range(1, PER_LEAF + 1)], "a tile drills down"
     shot = seen["shot"]
     assert shot.stat().st_size > 20_000
     print(f"SCREENSHOT {shot}")
