@@ -90,7 +90,8 @@ class _Table:
 
 class SummaryEncoder:
     """Builds the summary's JSON-ready body, keeping each node's facts while its topology object
-    is the same (the snapshot keeps the object until a report changes it)."""
+    is the same (the snapshot keeps the object until a report changes it). Safe to call from
+    worker threads: the cache only gains or loses whole entries."""
 
     def __init__(self) -> None:
         self._facts: dict[str, tuple[NodeTopology, NodeFacts]] = {}
@@ -133,8 +134,9 @@ class SummaryEncoder:
                 ]
             )
         if len(self._facts) > 2 * len(snapshot.nodes) + 64:
-            for gone in [n for n in self._facts if n not in snapshot.nodes]:
-                del self._facts[gone]
+            # list() copies under the GIL: another build may be adding entries in its thread
+            for gone in [n for n in list(self._facts) if n not in snapshot.nodes]:
+                self._facts.pop(gone, None)
         return {
             "generation": snapshot.generation,
             "as_of": as_of,
@@ -196,7 +198,8 @@ class SummaryCache:
         try:
             body = await self._off_loop(encode)
         except BaseException as err:
-            self._held = None
+            if self._held is not None and self._held[2] is future:
+                self._held = None  # the next request builds again (unless a newer build runs)
             future.set_exception(err)
             future.exception()  # retrieved: a failed build is reported to its own caller
             raise

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -14,6 +16,7 @@ from aggregator.overview import (
     FLAG_DEGRADED,
     FLAG_STALE,
     FLAG_UNPLACEABLE,
+    SummaryCache,
     SummaryEncoder,
     holders,
 )
@@ -288,3 +291,46 @@ def test_holders_name_who_holds_each_gpu(parts: dict[str, Any], want: list[dict[
         live=lambda rid: rid == "r9",
     )
     assert got == want
+
+
+def test_the_summary_cache_shares_a_build_and_rebuilds_on_a_new_generation_or_a_failure() -> None:
+    """Many open pages cost one build per state generation; a failed build is its caller's
+    error and is not kept."""
+    snapshot = ClusterSnapshot([NodeState(nvswitch_node("a-1"), frozenset({0}))])
+    now = {"t": 0.0, "generation": 1, "fail": False}
+    started = 0
+
+    async def off_loop(work: Callable[[], bytes]) -> bytes:
+        nonlocal started
+        started += 1
+        await asyncio.sleep(0)  # let the other requests arrive while this one builds
+        if now["fail"]:
+            raise RuntimeError("encoder broke")
+        return work()
+
+    cache = SummaryCache(
+        generation=lambda: int(now["generation"]),
+        inputs=lambda: (snapshot, {}),
+        clock=lambda: float(now["t"]),
+        off_loop=off_loop,
+    )
+
+    async def go() -> None:
+        bodies = await asyncio.gather(*(cache.get() for _ in range(5)))
+        assert len(set(bodies)) == 1
+        assert json.loads(bodies[0])["nodes"][0][:5] == ["a-1", 0, 0, 8, 1]
+        assert started == 1, "five concurrent requests, one build"
+        await cache.get()
+        assert started == 1
+        now["generation"] = 2
+        await cache.get()
+        assert started == 2, "a new generation builds again"
+        now["t"] = 10.0
+        now["fail"] = True
+        with pytest.raises(RuntimeError, match="encoder broke"):
+            await cache.get()
+        now["fail"] = False
+        await cache.get()
+        assert started == 4, "the failed build was not kept"
+
+    asyncio.run(go())
