@@ -35,7 +35,8 @@ from tests.harness.chromium import Browser
 pytestmark = [pytest.mark.browser]
 
 SPINES, LEAVES, PER_LEAF = 5, 10, 20
-SEARCHED = "n3-7-13"  # has a reservation's GPUs and two bound pods (see cluster)
+SEARCHED = "n3-7-13"
+STALE = ["n2-5-1", "n2-5-2", "n2-5-3"]  # has a reservation's GPUs and two bound pods (see cluster)
 FIRST_PAINT_S = 2.0
 BYTES = 1_000_000
 
@@ -66,7 +67,8 @@ def _degraded(topo: NodeTopology) -> NodeTopology:
 def cluster(agg: Aggregator, *, spines: int = SPINES) -> None:
     """`spines` x 200 nodes (1,000 by default); every 4th node of a leaf fully held, the next
     half held, by one reservation per leaf; two pods bound on SEARCHED; about one node in 37 has a
-    degraded NVLink. (scripts/bench_page.py builds 10,000 with it.)"""
+    degraded NVLink; n2-5-1 to n2-5-3 report once and fall silent (stale after the aggregator's
+    `stale_after_s`). (scripts/bench_page.py builds 10,000 with it.)"""
     for s in range(1, spines + 1):
         for leaf in range(1, LEAVES + 1):
             tiers = (f"leaf-{s}-{leaf}", f"spine-{s}", "core")
@@ -79,7 +81,10 @@ def cluster(agg: Aggregator, *, spines: int = SPINES) -> None:
                     topo = _named(nvswitch_node(name, tiers=tiers), "NVIDIA H100 80GB HBM3")
                 if (s * 7 + leaf * 3 + i) % 37 == 0:
                     topo = _degraded(topo)
-                agg.state.add_static(topo)
+                if (s, leaf) == (2, 5) and i <= 3:
+                    agg.state.apply_snapshot(topo, incarnation=1, sequence=1)  # then silent
+                else:
+                    agg.state.add_static(topo)
                 held = {0: range(8), 1: range(4)}.get(i % 4, range(0))
                 if held:
                     pods.append(PodPlacement("g", 0, len(pods), 0, name, tuple(held)))
@@ -108,9 +113,17 @@ def test_the_page_shows_a_thousand_nodes_fast_small_searchable_and_filterable(
     seen: dict[str, Any] = {}
 
     async def body() -> None:
-        agg = Aggregator(AggregatorConfig(http_port=0))
+        # Nodes silent for 1 s are stale: three of them are, by the time the page loads.
+        agg = Aggregator(
+            AggregatorConfig(http_port=0, stale_after_s=1.0, housekeeping_interval_s=0.2)
+        )
         cluster(agg)
         await agg.start()
+        for _ in range(100):
+            if len(agg.state.stale_nodes()) == len(STALE):
+                break
+            await asyncio.sleep(0.1)
+        seen["stale"] = sorted(agg.state.stale_nodes())
         seen["eight_free"] = sorted(
             n for n in agg.state.node_names if len(agg.state.free_gpus(n)) >= 8
         )
@@ -195,6 +208,13 @@ def test_the_page_shows_a_thousand_nodes_fast_small_searchable_and_filterable(
                 await page.evaluate(
                     "(() => { const d = document.getElementById('degraded'); d.checked = false;"
                     " d.dispatchEvent(new Event('change'));"
+                    " const s = document.getElementById('stale'); s.checked = true;"
+                    " s.dispatchEvent(new Event('change')); })()"
+                )
+                seen["stale_rows"] = await page.evaluate(_ROWS)
+                await page.evaluate(
+                    "(() => { const s = document.getElementById('stale'); s.checked = false;"
+                    " s.dispatchEvent(new Event('change'));"
                     ' document.querySelector(\'#overview .domain[data-domain$="/leaf-2-3"]'
                     " .title').click(); })()"
                 )
@@ -248,6 +268,8 @@ def test_the_page_shows_a_thousand_nodes_fast_small_searchable_and_filterable(
     assert seen["l40s_eight_free"] == f"{seen['l40s']} of {total} nodes match", "model filter"
     assert seen["degraded"], "the cluster has degraded nodes"
     assert seen["degraded_lit"] == seen["degraded"], "the degraded filter lights exactly those"
+    assert seen["stale"] == STALE
+    assert [n for n, _ in seen["stale_rows"]] == STALE, "the stale filter"
     drilled = [n for n, _ in seen["drilled"]]
     assert drilled == [f"n2-3-{i}" for i in range(1, PER_LEAF + 1)], "a tile drills down"
     shot = seen["shot"]
