@@ -52,7 +52,9 @@ from gputopo.request import (
     DEFAULT_PATTERN,
     Group,
     RequestError,
+    Scope,
     pattern_from_text,
+    scope_from_text,
 )
 from gputopo.runtime.identity import caller_of_http
 from gputopo.v1 import placement_pb2 as ppb
@@ -306,7 +308,13 @@ def _annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:
 
 
 def _island(annotations: Mapping[str, str]) -> bool:
-    return annotations.get(_ANNOTATION + "scope", "").strip().lower() in ("nvlink", "nvlink_domain")
+    """Whether the scope annotation asks for one NVLink island, in any spelling of it (`nvlink`,
+    `nvlink-domain`, `SCOPE_NVLINK`); another scope or an unreadable one asks for none here."""
+    text = annotations.get(_ANNOTATION + "scope", "")
+    try:
+        return bool(text) and scope_from_text("scope", text) is Scope.NVLINK
+    except RequestError:
+        return False
 
 
 def _group(annotations: Mapping[str, str], gpus: int) -> Group:

@@ -202,16 +202,21 @@ def test_a_misspelt_value_over_http_names_the_field_and_the_spellings() -> None:
 def test_extender_filter_keeps_nodes_with_an_nvlink_island_for_the_pod() -> None:
     async def body(agg: Aggregator, call: Call) -> None:
         agg.state.restore([])
-        args = {
-            "Pod": pod(4, **{"gputopo.io/scope": "nvlink"}),
-            "NodeNames": ["dgx-1", "pcie-1", "unknown-9"],
-        }
+        # every spelling a request takes, in the annotation too (README, "One meaning")
+        for spelling in ("nvlink", "nvlink-domain", "SCOPE_NVLINK"):
+            args = {
+                "Pod": pod(4, **{"gputopo.io/scope": spelling, "gputopo.io/pattern": "all-reduce"}),
+                "NodeNames": ["dgx-1", "pcie-1", "unknown-9"],
+            }
+            status, result = await call("/scheduler/filter", args)
+            assert status == 200
+            assert result["NodeNames"] == ["dgx-1"], spelling
+            assert "NVLink island" in result["FailedNodes"]["pcie-1"]
+            assert "no topology" in result["FailedNodes"]["unknown-9"]
+            assert result["Error"] == ""
+        args = {"Pod": pod(4, **{"gputopo.io/scope": "SCOPE_NODE"}), "NodeNames": ["pcie-1"]}
         status, result = await call("/scheduler/filter", args)
-        assert status == 200
-        assert result["NodeNames"] == ["dgx-1"]
-        assert "NVLink island" in result["FailedNodes"]["pcie-1"]
-        assert "no topology" in result["FailedNodes"]["unknown-9"]
-        assert result["Error"] == ""
+        assert result["NodeNames"] == ["pcie-1"], "a node scope asks for no island"
 
     run(with_http(body))
 
