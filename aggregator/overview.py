@@ -22,7 +22,7 @@ from typing import Any
 
 from aggregator.claims import ClaimedDevice
 from aggregator.occupancy import PodUse
-from gputopo.cluster import ClusterSnapshot, NodeState
+from gputopo.cluster import ClusterSnapshot, NodeState, domain_ids
 from gputopo.gpu_use import GpuUse
 from gputopo.links import LinkHealth
 from gputopo.request import Scope
@@ -58,18 +58,17 @@ class NodeFacts:
     nvlink: str  # the multi-node NVLink domain ("" when NVLink stays inside the node)
 
 
-def _facts(topology: NodeTopology, nvlink: str) -> NodeFacts:
+def _facts(topology: NodeTopology, ids: Mapping[Scope, str]) -> NodeFacts:
     models = sorted({g.name for g in topology.gpus if g.name})
     degraded = any(lk.health is not LinkHealth.OK for lk in topology.links) or any(
         g.health is not LinkHealth.OK for g in topology.gpus
     )
-    tiers = topology.fabric.tiers
     return NodeFacts(
         model=" + ".join(models),
         gpus=topology.gpu_count,
         degraded=degraded,
-        domain="/".join(reversed(tiers)),
-        nvlink=nvlink,
+        domain=ids.get(Scope.LEAF, ""),
+        nvlink=ids.get(Scope.NVLINK, ""),
     )
 
 
@@ -101,8 +100,10 @@ class SummaryEncoder:
         node = snapshot.node(name)
         held = self._facts.get(name)
         if held is None or held[0] is not node.topology:
-            nvlink = snapshot.domain_of(name, Scope.NVLINK) or ""
-            held = (node.topology, _facts(node.topology, nvlink))
+            # domain_ids, not snapshot.domain_of: the latter builds the placement structure of
+            # the whole cluster (seconds at 10,000 nodes), which the page does not need.
+            ids = domain_ids(node.topology, node.labels)
+            held = (node.topology, _facts(node.topology, ids))
             self._facts[name] = held
         return held[1]
 

@@ -15,6 +15,7 @@
 const params = new URLSearchParams(location.search);
 const natural = new Intl.Collator(undefined, { numeric: true, sensitivity: "base" }).compare;
 const PAGE = 200; // rows of the list drawn at a time
+const DENSE_AT = Number(params.get("dense_at") || 2500); // nodes; beyond, one cell per domain
 const S = { nodes: [], byName: new Map(), models: [], flags: {}, placed: {}, shown: PAGE,
   filter: { q: "", model: "", minFree: 0, degraded: false, stale: false, domain: "" } };
 
@@ -90,14 +91,38 @@ function drawOverview() {
     if (!sections.has(parent)) sections.set(parent, []);
     sections.get(parent).push(path);
   }
+  // Past DENSE_AT nodes a square per node no longer fits a screen: one cell per domain does
+  // (10,000 nodes in 500 leaves fit), and a click on it lists the domain's nodes.
+  const dense = S.nodes.length > DENSE_AT;
+  box.classList.toggle("dense", dense);
   const out = [];
   for (const [parent, paths] of sections) {
-    const section = el("div", { class: "section" },
-      el("h3", {}, parent ? parent.split("/").join(" › ") : paths[0] ? "" : "no fabric position"));
-    for (const path of paths) section.append(tile(path, tiles.get(path)));
+    const title = parent ? parent.split("/").join(" › ") : paths[0] ? "" : "no fabric position";
+    const section = el("div", { class: "section" }, el("h3", { title: parent }, dense ? leafOf(parent) : title));
+    const holder = dense ? el("div", { class: "tiles" }) : section;
+    if (dense) holder.style.gridTemplateColumns = `repeat(${Math.min(12, Math.ceil(Math.sqrt(2 * paths.length)))}, 14px)`;
+    for (const path of paths) holder.append((dense ? domainCell : tile)(path, tiles.get(path)));
+    if (dense) section.append(holder);
     out.push(section);
   }
   box.replaceChildren(...out);
+}
+
+function domainCell(path, nodes) {
+  const free = nodes.reduce((s, n) => s + n.free, 0);
+  const total = nodes.reduce((s, n) => s + n.gpus, 0);
+  const degraded = nodes.filter(isDegraded).length;
+  const stale = nodes.filter(isStale).length;
+  const cls = ["domain", "cell-domain"];
+  if (degraded) cls.push("degraded");
+  if (stale) cls.push("stale");
+  if (nodes.some((n) => S.placed[n.name])) cls.push("placed");
+  const cell = el("div", { class: cls.join(" "), "data-domain": path, "data-level": "tier-0",
+    "data-free": String(free), "data-total": String(total), "data-nodes": String(nodes.length),
+    title: `${path || "no fabric position"}: ${free}/${total} GPUs free on ${nodes.length} nodes` +
+      `${degraded ? `, ${degraded} degraded` : ""}${stale ? `, ${stale} stale` : ""} (click: list them)` });
+  cell.style.backgroundColor = heat(free, total);
+  return cell;
 }
 
 function tile(path, nodes) {
@@ -133,8 +158,16 @@ function dimOverview() {
     const n = S.byName.get(sq.dataset.node);
     sq.classList.toggle("dim", !(n && matches(n)));
   }
+  const hits = new Map(); // dense cells: how many of a domain's nodes match
+  if (document.querySelector("#overview .cell-domain")) {
+    for (const n of S.nodes) if (matches(n)) hits.set(n.domain, (hits.get(n.domain) || 0) + 1);
+  }
   for (const t of document.querySelectorAll("#overview .domain")) {
     t.classList.toggle("chosen", S.filter.domain !== "" && t.dataset.domain === S.filter.domain);
+    if (t.classList.contains("cell-domain")) {
+      t.dataset.matches = String(hits.get(t.dataset.domain) || 0);
+      t.classList.toggle("dim", !hits.get(t.dataset.domain));
+    }
   }
 }
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,11 @@ METRICS = """(() => {
   };
 })()"""
 _ROWS = "[...document.querySelectorAll('#list .row')].map(r => [r.dataset.node, +r.dataset.free])"
+
+
+def _natural(text: str) -> list[Any]:
+    """A natural sort key: `leaf-1-2` before `leaf-1-10`."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
 
 
 def _named(topo: NodeTopology, model: str) -> NodeTopology:
@@ -129,6 +135,10 @@ def test_the_page_shows_a_thousand_nodes_fast_small_searchable_and_filterable(
         )
         snapshot = agg.state.snapshot()
         seen["nics"] = [n.name for n in snapshot.node(SEARCHED).topology.nics]
+        seen["gpus"] = {
+            n: (len(snapshot.node(n).free), snapshot.node(n).topology.gpu_count)
+            for n in snapshot.nodes
+        }
         seen["l40s"] = sum(
             1 for n in seen["eight_free"] if snapshot.node(n).topology.gpus[0].name == "NVIDIA L40S"
         )
@@ -232,6 +242,23 @@ def test_the_page_shows_a_thousand_nodes_fast_small_searchable_and_filterable(
                 path = tmp_path / "topology-1000-nodes.png"
                 path.write_bytes(base64.b64decode(shot["data"]))
                 seen["shot"] = path
+
+                # Past `dense_at` nodes (2,500 by default) the overview draws a cell per domain.
+                await page.goto(f"http://127.0.0.1:{agg.http_port}/ui/?dense_at=500")
+                await page.wait_for("document.body.dataset.ready === 'true'", timeout_s=60)
+                seen["dense"] = await page.evaluate(
+                    "[...document.querySelectorAll('#overview .cell-domain')]"
+                    ".map(c => [c.dataset.domain, +c.dataset.free, +c.dataset.total])"
+                )
+                await page.evaluate(
+                    "document.querySelector('#overview .cell-domain[data-domain$=\"/leaf-4-10\"]')"
+                    ".click()"
+                )
+                seen["dense_drilled"] = await page.evaluate(_ROWS)
+                seen["dense_lit"] = await page.evaluate(
+                    "[...document.querySelectorAll('#overview .cell-domain:not(.dim)')]"
+                    ".map(c => c.dataset.domain)"
+                )
         finally:
             await agg.stop(grace_s=0.1)
 
@@ -272,6 +299,17 @@ def test_the_page_shows_a_thousand_nodes_fast_small_searchable_and_filterable(
     assert [n for n, _ in seen["stale_rows"]] == STALE, "the stale filter"
     drilled = [n for n, _ in seen["drilled"]]
     assert drilled == [f"n2-3-{i}" for i in range(1, PER_LEAF + 1)], "a tile drills down"
+    domains: dict[str, list[int]] = {}
+    for name, (free, total) in seen["gpus"].items():
+        leaf = "-".join(name[1:].split("-")[:2])
+        s, _ = leaf.split("-")
+        counts = domains.setdefault(f"core/spine-{s}/leaf-{leaf}", [0, 0])
+        counts[0] += free
+        counts[1] += total
+    assert [d for d, _, _ in seen["dense"]] == sorted(domains, key=_natural), "natural order"
+    assert {d: [f, t] for d, f, t in seen["dense"]} == domains, "free/total GPUs per domain"
+    assert [n for n, _ in seen["dense_drilled"]] == [f"n4-10-{i}" for i in range(1, PER_LEAF + 1)]
+    assert seen["dense_lit"] == ["core/spine-4/leaf-4-10"]
     shot = seen["shot"]
     assert shot.stat().st_size > 20_000
     print(f"SCREENSHOT {shot}")
