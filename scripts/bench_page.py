@@ -40,6 +40,9 @@ async def bench(nodes: int, runs: int) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for run in range(runs):
                 async with Browser.start(profile=Path(tmp) / f"p{run}") as page:
+                    # as the acceptance test: the browser opens the server once first
+                    await page.goto(f"http://127.0.0.1:{agg.http_port}/healthz")
+                    await page.wait_for("document.readyState === 'complete'")
                     await page.goto(f"http://127.0.0.1:{agg.http_port}/ui/")
                     await page.wait_for(
                         "performance.getEntriesByName('overview-painted').length", timeout_s=120
