@@ -33,7 +33,7 @@ from gputopo.topology import NodeTopology
 from tests.builders import nvswitch_node, pcie_node
 from tests.harness.chromium import Browser
 
-pytestmark = [pytest.mark.browser]
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 SPINES, LEAVES, PER_LEAF = 5, 10, 20
 SEARCHED = "n3-7-13"
