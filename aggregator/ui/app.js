@@ -237,8 +237,8 @@ function wireFilters() {
 const KINDS = { // code, colour, what it is: distinct hues so a PHB never looks like a SYS
   NVLINK: ["NV", null, "NVLink (lanes); green by bandwidth"], C2C: ["C2C", "#138a8a", "chip-to-chip"],
   PIX: ["PIX", "#2f6fd6", "one PCIe switch"], PXB: ["PXB", "#6a92dc", "several PCIe switches"],
-  PHB: ["PHB", "#c98a14", "through the host bridge"], NODE: ["NODE", "#d0612a", "between host bridges, one NUMA node"],
-  SYS: ["SYS", "#b8322a", "across sockets"], NET: ["NET", "#7b52ab", "network"],
+  PHB: ["PHB", "#8a4fbf", "through the host bridge"], NODE: ["NODE", "#d9731a", "between host bridges, one NUMA node"],
+  SYS: ["SYS", "#b8322a", "across sockets"], NET: ["NET", "#4a5568", "network"],
 };
 
 function linkColour(kind, gbps, best) {
