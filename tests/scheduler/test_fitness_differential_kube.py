@@ -20,23 +20,18 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from gputopo.app.benchmarks._binder_kube import (
-    scheduler_config,
-    start_kube_scheduler,
-    stop_process,
-)
 from gputopo.fitness import FitnessView
 from tests.harness.kube import KubeApiServer
-from tests.harness.kube_scheduler import find_scheduler
 from tests.harness.kube_scope import KubeScope
-from tests.scheduler.fitness_scenarios import RUNTIME_CLASSES, SCENARIO_LABEL, scenario
+from tests.scheduler.extender import Extender, recorded_scheduler
+from tests.scheduler.fitness_scenarios import RUNTIME_CLASSES, SCENARIO_LABEL, Scenario, scenario
 
 SEEDS = range(12)
 NODES = 8
@@ -46,43 +41,6 @@ _THREADS = 6
 # A folder to write each disagreement to (the cluster and the pod as the API server stored
 # them), to turn it into a table case of tests/test_fitness.py.
 _DUMP = os.environ.get("GPUTOPO_FITNESS_DUMP", "")
-
-
-class Extender:
-    """kube-scheduler's extender on loopback: records the first `filter` call per pod uid."""
-
-    def __init__(self) -> None:
-        self.calls: dict[str, list[str]] = {}
-        self._lock = threading.Lock()
-        recorder = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                uid = str(((body.get("Pod") or {}).get("metadata") or {}).get("uid", ""))
-                with recorder._lock:
-                    recorder.calls.setdefault(uid, list(body.get("NodeNames") or []))
-                answer = json.dumps({"NodeNames": [], "FailedNodes": {}, "Error": ""}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> Extender:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _ok(response: Any, what: str) -> Any:
@@ -115,20 +73,6 @@ class Api:
             session.close()
 
 
-def _scheduler(kube: KubeApiServer, workdir: Path, name: str, url: str) -> Iterator[None]:
-    config = scheduler_config(str(kube.kubeconfig_path), name=name, qps=500)
-    config["percentageOfNodesToScore"] = 100
-    # Interested in every pod (no managedResources), filter only, node names only.
-    config["extenders"] = [
-        {"urlPrefix": url, "filterVerb": "filter", "nodeCacheCapable": True, "weight": 1}
-    ]
-    proc, _ = start_kube_scheduler(find_scheduler(), config, workdir, name=name)
-    try:
-        yield
-    finally:
-        stop_process(proc)
-
-
 def _condition(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for c in (pod.get("status") or {}).get("conditions") or ():
         if c.get("type") == "PodScheduled" and c.get("status") == "False":
@@ -136,32 +80,118 @@ def _condition(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+@dataclass
+class Tally:
+    """What the comparison found over all scenarios."""
+
+    cases: int = 0
+    disagreements: int = 0
+    message_mismatches: int = 0
+    fit_somewhere: int = 0
+    with_overhead: int = 0
+    found: list[str] = field(default_factory=list)
+
+
+def _setup(api: Api, s: Scenario, pods_path: str) -> tuple[FitnessView, list[Any], list[Any]]:
+    """Write the scenario's Nodes and bound pods; the view of the whole cluster as stored."""
+    api.many("POST", [("/api/v1/nodes", n) for n in s.nodes])
+    for node in s.nodes:  # the API server adds a not-ready taint on create: replace the taints
+        api.call(
+            "PATCH",
+            f"/api/v1/nodes/{node['metadata']['name']}",
+            {"spec": node["spec"]},
+            content_type="application/merge-patch+json",
+        )
+    api.many("POST", [(pods_path, p) for p in s.bound])
+    for pod_name in sorted(s.finished):
+        api.call(
+            "PATCH",
+            f"{pods_path}/{pod_name}/status",
+            {"status": {"phase": "Succeeded"}},
+            content_type="application/merge-patch+json",
+        )
+    nodes = api.call("GET", "/api/v1/nodes")["items"]
+    bound = api.call("GET", "/api/v1/pods?fieldSelector=" + quote("spec.nodeName!="))["items"]
+    return FitnessView(nodes, bound), nodes, bound
+
+
+def _decided(api: Api, path: str, seed: int) -> dict[str, Mapping[str, Any] | None]:
+    """pod uid -> its PodScheduled=False condition, once kube-scheduler judged every pod."""
+    deadline = time.monotonic() + _DECIDED_TIMEOUT_S
+    while True:
+        listed = api.call("GET", path)["items"]
+        waiting = [p for p in listed if not p["spec"].get("nodeName")]
+        decided = {p["metadata"]["uid"]: _condition(p) for p in waiting}
+        if all(decided.values()):
+            return decided
+        assert time.monotonic() < deadline, (
+            f"seed {seed}: kube-scheduler decided only "
+            f"{sum(1 for c in decided.values() if c)} of {len(waiting)} pods"
+        )
+        time.sleep(0.3)
+
+
+def _compare(
+    tally: Tally,
+    seed: int,
+    *,
+    cluster: tuple[FitnessView, list[Any], list[Any]],
+    created: list[dict[str, Any]],
+    decided: Mapping[str, Mapping[str, Any] | None],
+    calls: Mapping[str, list[str]],
+) -> None:
+    view, nodes, bound = cluster
+    for pod in created:
+        uid = pod["metadata"]["uid"]
+        fit = view.check(pod)
+        theirs = sorted(calls.get(uid, []))
+        tally.cases += 1
+        tally.fit_somewhere += bool(theirs)
+        if list(fit.feasible) != theirs:
+            tally.disagreements += 1
+            if _DUMP:
+                (Path(_DUMP) / f"{pod['metadata']['name']}.json").write_text(
+                    json.dumps({"nodes": nodes, "bound": bound, "pod": pod}),
+                    encoding="utf-8",
+                )
+            tally.found.append(
+                f"seed {seed} pod {pod['metadata']['name']}: gputopo {list(fit.feasible)} "
+                f"kube-scheduler {theirs} ({fit.message()} | {decided[uid]})"
+            )
+        elif not theirs:
+            said = str((decided[uid] or {}).get("message", ""))
+            if said != fit.message():
+                tally.message_mismatches += 1
+                tally.found.append(f"seed {seed}: message {fit.message()!r} != {said!r}")
+
+
 def test_fitness_agrees_with_kube_scheduler_on_2100_random_cases(
     kube_apiserver: KubeApiServer, kube_scope: KubeScope, tmp_path: Path
 ) -> None:
     ns = kube_scope.namespace
     name = kube_scope.name("fitness")
+    pods_path = f"/api/v1/namespaces/{ns}/pods"
     api = Api(kube_apiserver)
     started = time.monotonic()
+    tally = Tally()
     classes = {key: kube_scope.name(f"rc-{key}") for key in RUNTIME_CLASSES}
-    for key, overhead in RUNTIME_CLASSES.items():
-        api.call(
-            "POST",
-            "/apis/node.k8s.io/v1/runtimeclasses",
-            {
-                "apiVersion": "node.k8s.io/v1",
-                "kind": "RuntimeClass",
-                "metadata": {"name": classes[key]},
-                "handler": "runc",
-                "overhead": {"podFixed": overhead},
-            },
-        )
-    cases = disagreements = message_mismatches = with_overhead = fit_somewhere = 0
-    found: list[str] = []
-    with Extender() as extender:
-        runner = _scheduler(kube_apiserver, tmp_path, name, extender.url)
-        next(runner)
-        try:
+    try:
+        for key, overhead in RUNTIME_CLASSES.items():
+            api.call(
+                "POST",
+                "/apis/node.k8s.io/v1/runtimeclasses",
+                {
+                    "apiVersion": "node.k8s.io/v1",
+                    "kind": "RuntimeClass",
+                    "metadata": {"name": classes[key]},
+                    "handler": "runc",
+                    "overhead": {"podFixed": overhead},
+                },
+            )
+        with (
+            Extender() as extender,
+            recorded_scheduler(kube_apiserver, tmp_path, name, extender.url),
+        ):
             for seed in SEEDS:
                 s = scenario(
                     seed,
@@ -174,85 +204,35 @@ def test_fitness_agrees_with_kube_scheduler_on_2100_random_cases(
                 for pod in [*s.bound, *s.pending]:
                     if "runtimeClassName" in pod["spec"]:
                         pod["spec"]["runtimeClassName"] = classes[pod["spec"]["runtimeClassName"]]
-                api.many("POST", [("/api/v1/nodes", n) for n in s.nodes])
-                for node in s.nodes:  # the API server adds a not-ready taint on create
-                    api.call(
-                        "PATCH",
-                        f"/api/v1/nodes/{node['metadata']['name']}",
-                        {"spec": node["spec"]},
-                        content_type="application/merge-patch+json",
-                    )
-                pods_path = f"/api/v1/namespaces/{ns}/pods"
-                api.many("POST", [(pods_path, p) for p in s.bound])
-                for pod_name in sorted(s.finished):
-                    api.call(
-                        "PATCH",
-                        f"{pods_path}/{pod_name}/status",
-                        {"status": {"phase": "Succeeded"}},
-                        content_type="application/merge-patch+json",
-                    )
-                nodes = api.call("GET", "/api/v1/nodes")["items"]
-                bound = api.call("GET", "/api/v1/pods?fieldSelector=" + quote("spec.nodeName!="))[
-                    "items"
-                ]
-                view = FitnessView(nodes, bound)
+                cluster = _setup(api, s, pods_path)
                 created = api.many("POST", [(pods_path, p) for p in s.pending])
-                with_overhead += sum(1 for p in created if p["spec"].get("overhead"))
+                tally.with_overhead += sum(1 for p in created if p["spec"].get("overhead"))
                 selector = quote(f"{SCENARIO_LABEL}=s{seed}")
-                deadline = time.monotonic() + _DECIDED_TIMEOUT_S
-                while True:
-                    listed = api.call("GET", f"{pods_path}?labelSelector={selector}")["items"]
-                    waiting = [p for p in listed if not p["spec"].get("nodeName")]
-                    decided = {p["metadata"]["uid"]: _condition(p) for p in waiting}
-                    if all(decided.values()):
-                        break
-                    assert time.monotonic() < deadline, (
-                        f"seed {seed}: kube-scheduler decided only "
-                        f"{sum(1 for c in decided.values() if c)} of {len(waiting)} pods"
-                    )
-                    time.sleep(0.3)
-                for pod in created:
-                    uid = pod["metadata"]["uid"]
-                    fit = view.check(pod)
-                    theirs = sorted(extender.calls.get(uid, []))
-                    cases += 1
-                    fit_somewhere += bool(theirs)
-                    if list(fit.feasible) != theirs:
-                        disagreements += 1
-                        if _DUMP:
-                            (Path(_DUMP) / f"{pod['metadata']['name']}.json").write_text(
-                                json.dumps({"nodes": nodes, "bound": bound, "pod": pod}),
-                                encoding="utf-8",
-                            )
-                        found.append(
-                            f"seed {seed} pod {pod['metadata']['name']}: gputopo "
-                            f"{list(fit.feasible)} kube-scheduler {theirs} "
-                            f"({fit.message()} | {decided[uid]})"
-                        )
-                    elif not theirs:
-                        said = str((decided[uid] or {}).get("message", ""))
-                        if said != fit.message():
-                            message_mismatches += 1
-                            found.append(f"seed {seed}: message {fit.message()!r} != {said!r}")
-                api.call(
-                    "DELETE",
-                    f"{pods_path}?labelSelector={selector}&gracePeriodSeconds=0",
+                decided = _decided(api, f"{pods_path}?labelSelector={selector}", seed)
+                _compare(
+                    tally,
+                    seed,
+                    cluster=cluster,
+                    created=created,
+                    decided=decided,
+                    calls=extender.calls,
                 )
+                # Scenarios do not share nodes or pods: the next starts on a clean cluster.
+                api.call("DELETE", f"{pods_path}?labelSelector={selector}&gracePeriodSeconds=0")
                 api.call("DELETE", f"/api/v1/nodes?labelSelector={selector}")
-        finally:
-            next(runner, None)
-            api.close()
+    finally:
+        api.close()
     took = time.monotonic() - started
     print(
-        f"\nfitness differential: {cases} cases, {disagreements} disagreements, "
-        f"{message_mismatches} message mismatches ({fit_somewhere} pods fit some node, "
-        f"{cases - fit_somewhere} none), {with_overhead} pods with overhead, "
-        f"{took:.1f} s"
+        f"\nfitness differential: {tally.cases} cases, {tally.disagreements} disagreements, "
+        f"{tally.message_mismatches} message mismatches ({tally.fit_somewhere} pods fit some "
+        f"node, {tally.cases - tally.fit_somewhere} none), {tally.with_overhead} pods with "
+        f"overhead, {took:.1f} s"
     )
-    for line in found[:20]:
+    for line in tally.found[:20]:
         print(line)
-    assert cases >= 2000
+    assert tally.cases >= 2000
     # Both outcomes must be well represented, or the comparison proves little.
-    assert min(fit_somewhere, cases - fit_somewhere) > cases // 10
-    assert with_overhead > 0, "RuntimeClass admission set no overhead: overhead untested"
-    assert (disagreements, message_mismatches) == (0, 0), "\n".join(found[:20])
+    assert min(tally.fit_somewhere, tally.cases - tally.fit_somewhere) > tally.cases // 10
+    assert tally.with_overhead > 0, "RuntimeClass admission set no overhead: overhead untested"
+    assert (tally.disagreements, tally.message_mismatches) == (0, 0), "\n".join(tally.found[:20])

@@ -1,0 +1,152 @@
+"""Which nodes each group of a gang may run on, as kube-scheduler's filters decide it.
+
+gputopo's aggregator knows GPUs and links, not cordons, taints, affinity or CPU. Before a gang
+is placed, the binder asks this module for the nodes each request group may use: for every pod
+of the group, the nodes that pass kube-scheduler v1.20's default filters (`gputopo.fitness`)
+given every Node and every pod bound to one (whoever bound it); the group's set is what all its
+pods fit (any of them may take any of the group's places). A pod that fits no node stops the
+gang before Place, with kube-scheduler's own "0/N nodes are available: ..." reason and the
+count per filter.
+
+The view is rebuilt only after a Node or a bound pod changed (informer callbacks mark it
+stale). Like kube-scheduler without its "assumed" pods, a pod bound a moment ago counts once
+the watch delivers it (milliseconds); GPUs are never at risk in that window, because the
+aggregator's reservations hold them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gputopo.fitness import Fitness, FitnessView
+from gputopo.request import PlacementRequest
+from gputopo.runtime.informer import Informer, bound_pod_informer
+from gputopo.runtime.kube import KubeClient
+
+__all__ = ["NodeFitness", "Verdict", "group_members", "restrict_request"]
+
+GROUP_LABEL = "gputopo.io/group"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The request with each group's allowed nodes, or why the gang fits nowhere."""
+
+    request: PlacementRequest | None
+    message: str = ""
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    return f"{_meta(obj).get('namespace', '')}/{_meta(obj).get('name', '')}"
+
+
+def group_members(
+    request: PlacementRequest, pods: Sequence[Mapping[str, Any]]
+) -> dict[str, list[Mapping[str, Any]]]:
+    """Request group -> its pods: the `gputopo.io/group` label names the group; with a single
+    group an unlabelled pod fills it (the binder's rule, scheduler/groups.py)."""
+    names = [g.name for g in request.groups]
+    out: dict[str, list[Mapping[str, Any]]] = {name: [] for name in names}
+    for pod in pods:
+        label = (_meta(pod).get("labels") or {}).get(GROUP_LABEL)
+        if label in out:
+            out[str(label)].append(pod)
+        elif label is None and len(names) == 1:
+            out[names[0]].append(pod)
+    return out
+
+
+def _unfit(pod: Mapping[str, Any], fit: Fitness) -> str:
+    return f"pod {_key(pod)}: {fit.message()} ({fit.summary()})"
+
+
+def restrict_request(
+    request: PlacementRequest, pods: Sequence[Mapping[str, Any]], view: FitnessView
+) -> Verdict:
+    """Each group's `allowed_nodes` (see the module docstring), or the first reason no node
+    can take a pod of it."""
+    groups = []
+    members = group_members(request, pods)
+    for group in request.groups:
+        allowed: set[str] | None = None
+        for pod in sorted(members[group.name], key=_key):
+            fit = view.check(pod)
+            if not fit.feasible:
+                return Verdict(None, _unfit(pod, fit))
+            allowed = set(fit.feasible) if allowed is None else allowed & set(fit.feasible)
+            if not allowed:
+                return Verdict(
+                    None,
+                    f"the pods of group {group.name} fit no node in common "
+                    f"(pod {_key(pod)} fits only {', '.join(fit.feasible[:5])})",
+                )
+        if allowed is not None:
+            narrowed = frozenset(allowed)
+            if group.allowed_nodes is not None:  # the request's own set narrows it further
+                narrowed &= group.allowed_nodes
+            group = dataclasses.replace(group, allowed_nodes=narrowed)  # noqa: PLW2901
+        groups.append(group)
+    return Verdict(dataclasses.replace(request, groups=tuple(groups)))
+
+
+class NodeFitness:
+    """Nodes and bound pods kept by two informers, and the fitness view over them."""
+
+    def __init__(self, kube: KubeClient, on_change: Callable[[], None] = lambda: None) -> None:
+        self._view: FitnessView | None = None
+
+        def changed(*_: Any) -> None:
+            self._view = None
+            on_change()
+
+        self.nodes: Informer[dict[str, Any]] = Informer(
+            name="scheduler-nodes",
+            list_objects=lambda: kube.list_all("/api/v1/nodes"),
+            watch=lambda version: kube.watch_json("/api/v1/nodes", version),
+            key=lambda node: str(_meta(node).get("name", "")),
+            version=lambda node: str(_meta(node).get("resourceVersion", "")),
+            on_upsert=changed,
+            on_delete=changed,
+        )
+        self.bound = bound_pod_informer(
+            kube, on_upsert=lambda pod, relisted: changed(), on_delete=lambda pod: changed()
+        )
+
+    async def run(self) -> None:
+        """Keep both caches until cancelled."""
+        tasks = [
+            asyncio.create_task(self.nodes.run(), name="scheduler-nodes"),
+            asyncio.create_task(self.bound.run(), name="scheduler-bound-pods"),
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def synced(self) -> None:
+        """Until both caches hold a first list."""
+        await self.nodes.synced.wait()
+        await self.bound.synced.wait()
+
+    def view(self) -> FitnessView:
+        """The fitness view of the caches now (rebuilt after a change)."""
+        if self._view is None:
+            self._view = FitnessView(self.nodes.cache.values(), list(self.bound.cache.values()))
+        return self._view
+
+    def restrict(self, request: PlacementRequest, pods: Sequence[Mapping[str, Any]]) -> Verdict:
+        """`restrict_request` over the current view."""
+        return restrict_request(request, pods, self.view())
