@@ -93,6 +93,12 @@ def restrict_request(
             narrowed = frozenset(allowed)
             if group.allowed_nodes is not None:  # the request's own set narrows it further
                 narrowed &= group.allowed_nodes
+                if not narrowed:
+                    return Verdict(
+                        None,
+                        f"none of the nodes group {group.name}'s request allows fits its pods "
+                        f"(they fit {', '.join(sorted(allowed)[:5])})",
+                    )
             group = dataclasses.replace(group, allowed_nodes=narrowed)  # noqa: PLW2901
         groups.append(group)
     return Verdict(dataclasses.replace(request, groups=tuple(groups)))
