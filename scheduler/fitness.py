@@ -8,10 +8,11 @@ pods fit (any of them may take any of the group's places). A pod that fits no no
 gang before Place, with kube-scheduler's own "0/N nodes are available: ..." reason and the
 count per filter.
 
-The view is rebuilt only after a Node or a bound pod changed (informer callbacks mark it
-stale). Like kube-scheduler without its "assumed" pods, a pod bound a moment ago counts once
-the watch delivers it (milliseconds); GPUs are never at risk in that window, because the
-aggregator's reservations hold them.
+Nodes are read once per change and what bound pods take is kept one pod at a time
+(`UsageBook`); the view over them is rebuilt only after a change (informer callbacks mark it
+stale), in time proportional to the nodes. Like kube-scheduler without its "assumed" pods, a
+pod bound a moment ago counts once the watch delivers it (milliseconds); GPUs are never at risk
+in that window, because the aggregator's reservations hold them.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gputopo.fitness import Fitness, FitnessView
+from gputopo.fitness import Fitness, FitnessView, NodeFacts, UsageBook, node_facts
 from gputopo.request import PlacementRequest
 from gputopo.runtime.informer import Informer, bound_pod_informer
 from gputopo.runtime.kube import KubeClient
@@ -65,6 +67,24 @@ def group_members(
     return out
 
 
+def _signature(pod: Mapping[str, Any]) -> str:
+    """What node fitness reads of a pod's spec: pods of a gang mostly share it, so each
+    distinct one is judged once."""
+    spec = pod.get("spec") or {}
+    parts = {k: spec.get(k) for k in _READ}
+    parts["containers"] = [
+        {"resources": c.get("resources"), "ports": c.get("ports")}
+        for c in spec.get("containers") or ()
+    ]
+    parts["initContainers"] = [
+        {"resources": c.get("resources")} for c in spec.get("initContainers") or ()
+    ]
+    return json.dumps(parts, sort_keys=True, default=str)
+
+
+_READ = ("nodeName", "tolerations", "nodeSelector", "affinity", "overhead")
+
+
 def _unfit(pod: Mapping[str, Any], fit: Fitness) -> str:
     return f"pod {_key(pod)}: {fit.message()} ({fit.summary()})"
 
@@ -76,10 +96,14 @@ def restrict_request(
     can take a pod of it."""
     groups = []
     members = group_members(request, pods)
+    judged: dict[str, Fitness] = {}
     for group in request.groups:
         allowed: set[str] | None = None
         for pod in sorted(members[group.name], key=_key):
-            fit = view.check(pod)
+            signature = _signature(pod)
+            fit = judged.get(signature)
+            if fit is None:
+                fit = judged[signature] = view.check(pod)
             if not fit.feasible:
                 return Verdict(None, _unfit(pod, fit))
             allowed = set(fit.feasible) if allowed is None else allowed & set(fit.feasible)
@@ -109,8 +133,27 @@ class NodeFitness:
 
     def __init__(self, kube: KubeClient, on_change: Callable[[], None] = lambda: None) -> None:
         self._view: FitnessView | None = None
+        self._facts: dict[str, NodeFacts] = {}
+        self._book = UsageBook()
 
-        def changed(*_: Any) -> None:
+        def node_seen(node: dict[str, Any], relisted: bool = False) -> None:
+            facts = node_facts(node)
+            self._facts[facts.name] = facts
+            changed()
+
+        def node_gone(node: dict[str, Any]) -> None:
+            self._facts.pop(str(_meta(node).get("name", "")), None)
+            changed()
+
+        def pod_seen(pod: dict[str, Any], relisted: bool = False) -> None:
+            self._book.put(_key(pod), pod)
+            changed()
+
+        def pod_gone(pod: dict[str, Any]) -> None:
+            self._book.remove(_key(pod))
+            changed()
+
+        def changed() -> None:
             self._view = None
             on_change()
 
@@ -120,12 +163,10 @@ class NodeFitness:
             watch=lambda version: kube.watch_json("/api/v1/nodes", version),
             key=lambda node: str(_meta(node).get("name", "")),
             version=lambda node: str(_meta(node).get("resourceVersion", "")),
-            on_upsert=changed,
-            on_delete=changed,
+            on_upsert=node_seen,
+            on_delete=node_gone,
         )
-        self.bound = bound_pod_informer(
-            kube, on_upsert=lambda pod, relisted: changed(), on_delete=lambda pod: changed()
-        )
+        self.bound = bound_pod_informer(kube, on_upsert=pod_seen, on_delete=pod_gone)
 
     async def run(self) -> None:
         """Keep both caches until cancelled."""
@@ -150,7 +191,7 @@ class NodeFitness:
     def view(self) -> FitnessView:
         """The fitness view of the caches now (rebuilt after a change)."""
         if self._view is None:
-            self._view = FitnessView(self.nodes.cache.values(), list(self.bound.cache.values()))
+            self._view = FitnessView(self._facts.values(), usage=self._book)
         return self._view
 
     def restrict(self, request: PlacementRequest, pods: Sequence[Mapping[str, Any]]) -> Verdict:

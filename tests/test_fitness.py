@@ -18,8 +18,10 @@ import pytest
 from gputopo.fitness import (
     FitnessView,
     QuantityError,
+    UsageBook,
     fit_error_message,
     milli_value,
+    node_facts,
     parse_quantity,
     pod_request,
     value,
@@ -608,3 +610,20 @@ def test_values_round_up_as_kubernetes_does() -> None:
     assert milli_value("1.5") == 1500
     assert value("1500m") == 2
     assert value("1Ki") == 1024
+
+
+def test_the_usage_book_follows_pods_one_at_a_time() -> None:
+    book = UsageBook()
+    first = pod(node_name="n", requests={"cpu": "1"}, host_port={"hostPort": 80})
+    book.put("ns/a", first)
+    book.put("ns/b", pod(node_name="n", requests={"cpu": "2"}))
+    assert book.usage("n").requested == {"cpu": 3000}
+    assert book.usage("n").pods == 2
+    book.put("ns/a", pod(node_name="n", requests={"cpu": "1"}, phase="Succeeded"))
+    assert book.usage("n").requested == {"cpu": 2000}  # finished: holds nothing
+    assert book.usage("n").ports == frozenset()
+    book.remove("ns/b")
+    book.remove("ns/never")
+    assert book.usage("n") == FitnessView([node()], []).usage["n"]
+    view = FitnessView([node_facts(node())], usage=book)
+    assert view.check(pod(requests={"cpu": "8"})).feasible == ("n",)

@@ -9,7 +9,15 @@ returns a `Fitness` with the fit nodes, the nodes each filter rejected, and kube
 from __future__ import annotations
 
 from gputopo.fitness.filters import FILTERS, Fitness, FitnessView, fit_error_message, score
-from gputopo.fitness.model import NodeFacts, NodeUsage, PodFacts, node_facts, pod_facts, pod_request
+from gputopo.fitness.model import (
+    NodeFacts,
+    NodeUsage,
+    PodFacts,
+    UsageBook,
+    node_facts,
+    pod_facts,
+    pod_request,
+)
 from gputopo.fitness.quantity import QuantityError, milli_value, parse_quantity, value
 
 __all__ = [
@@ -20,6 +28,7 @@ __all__ = [
     "NodeUsage",
     "PodFacts",
     "QuantityError",
+    "UsageBook",
     "fit_error_message",
     "milli_value",
     "node_facts",

@@ -49,8 +49,8 @@ from gputopo.fitness.model import (
     Requirement,
     Taint,
     Term,
+    UsageBook,
     node_facts,
-    node_usage,
     pod_facts,
 )
 
@@ -267,12 +267,18 @@ class FitnessView:
     """Nodes and the pods bound to them, read once; `check` judges any number of pods."""
 
     def __init__(
-        self, nodes: Iterable[Mapping[str, Any]], bound_pods: Sequence[Mapping[str, Any]]
+        self,
+        nodes: Iterable[Mapping[str, Any] | NodeFacts],
+        bound_pods: Sequence[Mapping[str, Any]] = (),
+        *,
+        usage: UsageBook | None = None,
     ) -> None:
-        self.nodes: tuple[NodeFacts, ...] = tuple(
-            sorted((node_facts(n) for n in nodes), key=lambda n: n.name)
-        )
-        self.usage = node_usage((n.name for n in self.nodes), bound_pods)
+        """Nodes as JSON or already read; what bound pods take from `usage` if given (a
+        binder keeps one up to date), else summed from `bound_pods`."""
+        facts = (n if isinstance(n, NodeFacts) else node_facts(n) for n in nodes)
+        self.nodes: tuple[NodeFacts, ...] = tuple(sorted(facts, key=lambda n: n.name))
+        book = usage if usage is not None else UsageBook.of(bound_pods)
+        self.usage = {n.name: book.usage(n.name) for n in self.nodes}
 
     def check(self, pod: Mapping[str, Any] | PodFacts) -> Fitness:
         """Run the filters in kube-scheduler's order for every node."""
