@@ -7,7 +7,9 @@ extender's `filter` with exactly the nodes that passed its own filters (percenta
 100, so every node is tried); the extender records that list and answers "no node", so nothing
 binds and every pod is judged on the same cluster. A pod no node fits never reaches the
 extender: kube-scheduler sets `PodScheduled=False` with its "0/N nodes are available: ..."
-message instead, which is read as the empty set and compared word for word with gputopo's.
+message instead, which is read as the empty set. A pod that did reach it gets the same kind of
+message once the extender said "none", counting the reasons of the nodes kube-scheduler's
+filters rejected: for every pod, that text is compared word for word with gputopo's.
 
 gputopo's side reads the objects as the API server stored them (defaults and admission applied,
 e.g. RuntimeClass overhead and the default NoExecute tolerations), every Node and bound pod of
@@ -158,11 +160,12 @@ def _compare(
                 f"seed {seed} pod {pod['metadata']['name']}: gputopo {list(fit.feasible)} "
                 f"kube-scheduler {theirs} ({fit.message()} | {decided[uid]})"
             )
-        elif not theirs:
-            said = str((decided[uid] or {}).get("message", ""))
-            if said != fit.message():
-                tally.message_mismatches += 1
-                tally.found.append(f"seed {seed}: message {fit.message()!r} != {said!r}")
+        # Either way kube-scheduler's condition counts the reasons of the nodes its filters
+        # rejected (the extender's "none" adds no reason): the same text as gputopo's.
+        said = str((decided[uid] or {}).get("message", ""))
+        if said != fit.message():
+            tally.message_mismatches += 1
+            tally.found.append(f"seed {seed}: message {fit.message()!r} != {said!r}")
 
 
 def test_fitness_agrees_with_kube_scheduler_on_2100_random_cases(
