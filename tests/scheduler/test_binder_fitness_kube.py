@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from aggregator.server import KubeOptions
 from gputopo.runtime.kube import MERGE_PATCH, KubeClient
 from scheduler.binder import BinderConfig
@@ -21,6 +23,8 @@ from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
 from tests.scheduler.extender import Extender, recorded_scheduler
 from tests.scheduler.kubeutil import binder, create, events_of, gpu_pod, pods_of, ready_nodes
+
+pytestmark = [pytest.mark.slow]
 
 
 def _unfit(names: list[str]) -> dict[str, dict[str, Any]]:

@@ -29,11 +29,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import pytest
+
 from gputopo.fitness import FitnessView
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
 from tests.scheduler.extender import Extender, recorded_scheduler
 from tests.scheduler.fitness_scenarios import RUNTIME_CLASSES, SCENARIO_LABEL, Scenario, scenario
+
+pytestmark = [pytest.mark.slow]
 
 SEEDS = range(12)
 NODES = 8
