@@ -145,13 +145,16 @@ class NodeFitness:
             self._facts.pop(str(_meta(node).get("name", "")), None)
             changed()
 
+        # Pods are bound and finish all over a cluster: each marks the view stale but wakes no
+        # pass (the periodic pass and the gang's retry see them); a Node change (an uncordon,
+        # a taint lifted) wakes the binder at once.
         def pod_seen(pod: dict[str, Any], relisted: bool = False) -> None:
             self._book.put(_key(pod), pod)
-            changed()
+            self._view = None
 
         def pod_gone(pod: dict[str, Any]) -> None:
             self._book.remove(_key(pod))
-            changed()
+            self._view = None
 
         def changed() -> None:
             self._view = None
