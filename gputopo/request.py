@@ -113,6 +113,10 @@ class Group:
     scope: Constraint = Constraint()
     spread: Spread | None = None
     node_selector: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # The only nodes this group's pods may run on (None: any node). A caller that knows more
+    # than the aggregator sets it: the gang binder puts here the nodes kube-scheduler's filters
+    # would allow (cordons, taints, affinity, CPU/memory, host ports; `gputopo.fitness`).
+    allowed_nodes: frozenset[str] | None = None
 
     @property
     def gpus_per_replica(self) -> int:
@@ -205,6 +209,14 @@ def validate(request: PlacementRequest) -> None:
         if g.message_bytes < 0:
             raise RequestError(f"{path}.message_bytes", "must not be negative")
         _check_constraint(f"{path}.scope", g.scope)
+        if g.allowed_nodes is not None:
+            if not g.allowed_nodes:
+                raise RequestError(
+                    f"{path}.allowed_nodes",
+                    "is empty: the caller allows no node at all (leave it unset for any node)",
+                )
+            if not all(n for n in g.allowed_nodes):
+                raise RequestError(f"{path}.allowed_nodes", "a node name must not be empty")
         if g.spread is not None and g.replicas < 2 and g.spread.required:
             raise RequestError(f"{path}.spread", "a required spread needs at least 2 replicas")
     if request.total_gpus > MAX_GPUS_PER_REQUEST:
@@ -333,6 +345,7 @@ def _group(path: str, data: Any) -> Group:
             "scope",
             "spread",
             "node_selector",
+            "allowed_nodes",
         },
     )
     if "name" not in m:
@@ -359,6 +372,7 @@ def _group(path: str, data: Any) -> Group:
         scope=_constraint(f"{path}.scope", m.get("scope")),
         spread=spread,
         node_selector=_labels(f"{path}.node_selector", m.get("node_selector")),
+        allowed_nodes=_names(f"{path}.allowed_nodes", m.get("allowed_nodes")),
     )
 
 
@@ -368,6 +382,16 @@ def _pattern(path: str, value: Any) -> Pattern:
     if value is None or _unspecified(value, Pattern):
         return DEFAULT_PATTERN
     return _enum(path, Pattern, value)
+
+
+def _names(path: str, data: Any) -> frozenset[str] | None:
+    """A list of node names, or None when absent (an empty list stays empty: `validate` says
+    why that cannot be placed)."""
+    if data is None:
+        return None
+    if not isinstance(data, list):
+        raise RequestError(path, f"expected a list of node names, got {type(data).__name__}")
+    return frozenset(_str(f"{path}[{i}]", v) for i, v in enumerate(data))
 
 
 def _edge(path: str, data: Any) -> Edge:

@@ -40,6 +40,7 @@ from gputopo.request import PlacementRequest, RequestError
 from gputopo.runtime.informer import Informer
 from gputopo.runtime.kube import ConflictError, KubeClient, KubeError, NotFoundError
 from gputopo.runtime.placement_client import PlacementCallError, PlacementClient
+from scheduler.fitness import NodeFitness
 from scheduler.groups import (
     NODE_ANNOTATION,
     RECORD_KEYS,
@@ -146,6 +147,7 @@ class Binder:
         self.stats = stats or SchedulerStats()
         self._wake = asyncio.Event()
         self.pods = pod_informer(kube, self.config.scheduler_name, self._wake.set)
+        self.fitness = NodeFitness(kube, self._wake.set)  # nodes kube-scheduler would allow
         self._committed: set[str] = set()
         self._minimum_at: dict[GroupKey, float] = {}
         self._retry_at: dict[GroupKey, float] = {}
@@ -158,8 +160,10 @@ class Binder:
     async def run(self) -> None:
         """Keep the pod cache and run passes until cancelled."""
         informer = asyncio.create_task(self.pods.run(), name="scheduler-pods")
+        fitness = asyncio.create_task(self.fitness.run(), name="scheduler-fitness")
         try:
             await self.pods.synced.wait()
+            await self.fitness.synced()
             while True:
                 self._wake.clear()
                 try:
@@ -169,9 +173,10 @@ class Binder:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=self.config.resync_s)
         finally:
-            informer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await informer
+            for task in (informer, fitness):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     # --- one pass ------------------------------------------------------------------------------
 
@@ -269,8 +274,14 @@ class Binder:
             need = ", ".join(f"{g}: {n} more" for g, n in sorted(lacking.items()))
             await self._say(key, pods, "Waiting", f"waiting for the gang's minimum ({need})")
             return False
+        # Node fitness (cordons, taints, affinity, resources, host ports) before Place.
+        verdict = self.fitness.restrict(request, pods)
+        if verdict.request is None:
+            self.stats.decided("unschedulable")
+            await self._reject(key, pods, "Unschedulable", verdict.message)
+            return False
         self._minimum_at.setdefault(key, time.monotonic())
-        return await self._place_and_bind(key, request, pods)
+        return await self._place_and_bind(key, verdict.request, pods)
 
     async def _place_and_bind(
         self, key: GroupKey, request: PlacementRequest, pods: list[dict[str, Any]]

@@ -179,6 +179,8 @@ def request_to_proto(r: PlacementRequest) -> ppb.PlacementRequest:
             scope=_constraint_to(g.scope),
             node_selector=dict(g.node_selector),
         )
+        if g.allowed_nodes is not None:
+            gm.allowed_nodes.CopyFrom(ppb.NodeSet(names=sorted(g.allowed_nodes)))
         if g.spread is not None:
             gm.spread.CopyFrom(
                 ppb.Spread(across=_scope_to(g.spread.across), required=g.spread.required)
@@ -233,6 +235,9 @@ def request_from_proto(msg: ppb.PlacementRequest, path: str = "request") -> Plac
                 scope=_constraint_from(gm.scope, f"{gpath}.scope"),
                 spread=spread,
                 node_selector=dict(gm.node_selector),
+                allowed_nodes=(
+                    frozenset(gm.allowed_nodes.names) if gm.HasField("allowed_nodes") else None
+                ),
             )
         )
     edges = [

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from gputopo.cluster import ClusterSnapshot
+from gputopo.placement.allowed import check, restrict
 from gputopo.placement.baselines import DefaultPolicy, FirstFitPolicy
 from gputopo.placement.costaware import CostAwarePolicy
 from gputopo.placement.kueue import KueueBestFitPolicy
@@ -70,7 +71,8 @@ def place(
 ) -> tuple[PlacementResult, float]:
     """Validate and place a request with a policy; returns the result and the seconds it took.
 
-    The policy is `policy`, else the request's, else `DEFAULT_POLICY`. Raises `RequestError`
+    The policy is `policy`, else the request's, else `DEFAULT_POLICY`. A group's
+    `allowed_nodes` are enforced here, for every policy (`allowed.py`). Raises `RequestError`
     for an invalid request and `UnknownPolicyError` for an unknown policy name.
     """
     validate(request)
@@ -82,5 +84,6 @@ def place(
             f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}"
         ) from None
     start = time.perf_counter()
-    result = chosen.place(snapshot, request)
+    seen, asked, restriction = restrict(snapshot, request)
+    result = check(chosen.place(seen, asked), restriction)
     return result, time.perf_counter() - start

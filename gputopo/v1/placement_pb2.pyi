@@ -207,6 +207,7 @@ class Group(_message.Message):
     SCOPE_FIELD_NUMBER: _builtins.int
     SPREAD_FIELD_NUMBER: _builtins.int
     NODE_SELECTOR_FIELD_NUMBER: _builtins.int
+    ALLOWED_NODES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     replicas: _builtins.int
     """0 means 1"""
@@ -224,6 +225,12 @@ class Group(_message.Message):
     def spread(self) -> Global___Spread: ...
     @_builtins.property
     def node_selector(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def allowed_nodes(self) -> Global___NodeSet:
+        """The only nodes the group's pods may run on; unset: any node. Set and empty is refused
+        (INVALID_ARGUMENT). The gang binder sends the nodes kube-scheduler's filters allow.
+        """
+
     def __init__(
         self,
         *,
@@ -236,14 +243,37 @@ class Group(_message.Message):
         scope: Global___Constraint | None = ...,
         spread: Global___Spread | None = ...,
         node_selector: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        allowed_nodes: Global___NodeSet | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope", "spread", b"spread"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["allowed_nodes", b"allowed_nodes", "scope", b"scope", "spread", b"spread"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus_per_pod", b"gpus_per_pod", "message_bytes", b"message_bytes", "name", b"name", "node_selector", b"node_selector", "pattern", b"pattern", "pods", b"pods", "replicas", b"replicas", "scope", b"scope", "spread", b"spread"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_nodes", b"allowed_nodes", "gpus_per_pod", b"gpus_per_pod", "message_bytes", b"message_bytes", "name", b"name", "node_selector", b"node_selector", "pattern", b"pattern", "pods", b"pods", "replicas", b"replicas", "scope", b"scope", "spread", b"spread"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Group: _TypeAlias = Group  # noqa: Y015
+
+@_typing.final
+class NodeSet(_message.Message):
+    """A set of node names (a message, so that "unset" and "empty" differ on the wire)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        names: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["names", b"names"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeSet: _TypeAlias = NodeSet  # noqa: Y015
 
 @_typing.final
 class Edge(_message.Message):

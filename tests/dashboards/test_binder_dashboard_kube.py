@@ -19,13 +19,13 @@ from gputopo.runtime.http import HttpServer
 from gputopo.runtime.kube import KubeClient
 from scheduler.binder import BinderConfig
 from scheduler.metrics import SchedulerCollector
-from tests.aggregator.kubeutil import aggregator, create_nodes, eventually, exporters
+from tests.aggregator.kubeutil import aggregator, eventually, exporters
 from tests.builders import fabric_cluster
 from tests.dashboards.test_dashboards_prometheus import panel_queries
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
 from tests.harness.prometheus import Prometheus
-from tests.scheduler.kubeutil import binder, create, gpu_pod, pods_of
+from tests.scheduler.kubeutil import binder, create, gpu_pod, pods_of, ready_nodes
 
 pytestmark = [pytest.mark.kube, pytest.mark.prometheus, pytest.mark.slow]
 
@@ -42,7 +42,7 @@ def test_every_binder_panel_returns_data(
     results: dict[str, object] = {}
 
     async def body() -> None:
-        await create_nodes(kube_apiserver, [n.name for n in nodes])
+        await ready_nodes(kube_apiserver, [n.name for n in nodes])
         kube = KubeClient(kube_apiserver.api_client())
         try:
             async with (

@@ -10,7 +10,7 @@ from typing import Any
 
 from aggregator.server import Aggregator, KubeOptions
 from gputopo.runtime import grpcio
-from gputopo.runtime.kube import KubeClient
+from gputopo.runtime.kube import MERGE_PATCH, KubeClient
 from gputopo.runtime.placement_client import PlacementClient
 from gputopo.topology import NodeTopology
 from scheduler.binder import Binder, BinderConfig
@@ -86,6 +86,36 @@ async def events_of(kube: KubeClient, namespace: str) -> list[dict[str, Any]]:
     return list(page.get("items") or [])
 
 
+async def ready_nodes(
+    kube_apiserver: KubeApiServer, names: Iterable[str], *, gpus: int = 8
+) -> None:
+    """Node objects as a kubelet with NVIDIA's device plugin reports them: Ready, allocatable
+    CPU, memory, pods and `gpus` nvidia.com/gpu, and without the not-ready taint the API server
+    puts on a new Node (no node lifecycle controller runs here to lift it). The binder judges
+    node fitness as kube-scheduler does, so a bare Node object fits no pod."""
+    names = list(names)
+    await create_nodes(kube_apiserver, names)
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+    status = {
+        "capacity": resources,
+        "allocatable": resources,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+    }
+    kube = KubeClient(kube_apiserver.api_client(), workers=8)
+
+    async def ready(name: str) -> None:
+        path = f"/api/v1/nodes/{name}"
+        await kube.request(
+            "PATCH", path + "/status", body={"status": status}, content_type=MERGE_PATCH
+        )
+        await kube.request("PATCH", path, body={"spec": {"taints": None}}, content_type=MERGE_PATCH)
+
+    try:
+        await asyncio.gather(*(ready(n) for n in names))
+    finally:
+        kube.close()
+
+
 @contextlib.asynccontextmanager
 async def binder(
     kube_client: KubeClient, agg: Aggregator, config: BinderConfig
@@ -110,7 +140,7 @@ async def binder_cluster(
     """Node objects for `nodes`, an aggregator with their simulated exporters, and a binder
     with `config`, all on the real API server; yields a client and the aggregator."""
     nodes = list(nodes)
-    await create_nodes(kube_apiserver, [n.name for n in nodes])
+    await ready_nodes(kube_apiserver, [n.name for n in nodes])
     kube = KubeClient(kube_apiserver.api_client())
     try:
         async with (

@@ -28,7 +28,6 @@ from aggregator.server import KubeOptions
 from gputopo.runtime.kube import ConflictError, KubeClient
 from tests.aggregator.kubeutil import (
     aggregator,
-    create_nodes,
     eventually,
     exporters,
     install_crds,
@@ -37,7 +36,7 @@ from tests.aggregator.kubeutil import (
 from tests.builders import fabric_cluster
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
-from tests.scheduler.kubeutil import PODGROUPS, create, gpu_pod, pod_group, pods_of
+from tests.scheduler.kubeutil import PODGROUPS, create, gpu_pod, pod_group, pods_of, ready_nodes
 
 pytestmark = [pytest.mark.slow]
 
@@ -112,7 +111,7 @@ def test_partial_gangs_and_double_booked_gpus_after_kill_9_over_50_gang_bindings
     log = tmp_path / "binder.log"
 
     async def body() -> None:
-        await create_nodes(kube_apiserver, [n.name for n in nodes])
+        await ready_nodes(kube_apiserver, [n.name for n in nodes])
         kube = KubeClient(kube_apiserver.api_client(), workers=8)
         wanted = {
             f"g{i:02d}-{j}": gpu_pod(

@@ -18,7 +18,6 @@ from scheduler.binder import BinderConfig
 from scheduler.server import SchedulerProcess, SchedulerProcessConfig
 from tests.aggregator.kubeutil import (
     aggregator,
-    create_nodes,
     eventually,
     exporters,
     install_crds,
@@ -28,7 +27,15 @@ from tests.aggregator.kubeutil import (
 from tests.builders import fabric_cluster
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
-from tests.scheduler.kubeutil import PODGROUPS, create, events_of, gpu_pod, pod_group, pods_of
+from tests.scheduler.kubeutil import (
+    PODGROUPS,
+    create,
+    events_of,
+    gpu_pod,
+    pod_group,
+    pods_of,
+    ready_nodes,
+)
 
 DEPLOY = Path(__file__).parent.parent.parent / "deploy" / "scheduler"
 NAME = "gputopo-scheduler"
@@ -84,7 +91,7 @@ def test_the_elected_scheduler_binds_as_its_service_account_and_is_refused_the_r
     )
 
     async def body() -> None:
-        await create_nodes(kube_apiserver, [n.name for n in nodes])
+        await ready_nodes(kube_apiserver, [n.name for n in nodes])
         admin = KubeClient(kube_apiserver.api_client())
         as_sa = KubeClient(kube_apiserver.api_client(impersonate=user))
         try:

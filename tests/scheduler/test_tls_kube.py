@@ -17,11 +17,11 @@ import pytest
 from aggregator.server import Aggregator, AggregatorConfig, KubeOptions
 from gputopo.runtime.kube import KubeClient
 from gputopo.runtime.tls import TlsFiles
-from tests.aggregator.kubeutil import create_nodes, eventually, run
+from tests.aggregator.kubeutil import eventually, run
 from tests.harness.certs import TestCA
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
-from tests.scheduler.kubeutil import create, gpu_pod, pods_of
+from tests.scheduler.kubeutil import create, gpu_pod, pods_of, ready_nodes
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
@@ -51,7 +51,7 @@ def test_exporter_aggregator_and_scheduler_bind_a_pod_over_mutual_tls(
     secure, plain = kube_scope.name("mtls"), kube_scope.name("plain")
 
     async def body() -> None:
-        await create_nodes(kube_apiserver, [node])
+        await ready_nodes(kube_apiserver, [node])
         kube = KubeClient(kube_apiserver.api_client())
         agg = Aggregator(
             AggregatorConfig(
