@@ -34,6 +34,7 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry
 
+from exporter.deviceplugin import DevicePlugin
 from exporter.discovery import Discovery, DiscoveryResult
 from exporter.health import HealthPolicy
 from exporter.metrics import ExporterView, register
@@ -142,6 +143,8 @@ class Agent:
             else None
         )
         self.gpu_use: GpuUse | None = None
+        # The kubelet device plugin (`gputopo exporter --device-plugin`), set before `start`.
+        self.device_plugin: DevicePlugin | None = None
         self._rng = rng or random.Random()
         self.runner = ProbeRunner(
             results=self.probes,
@@ -188,6 +191,9 @@ class Agent:
             discovery_errors=dict(self._state.errors),
             probes=self.probes,
             stream=self.stream.stats if self.stream is not None else None,
+            gpu_use=self.gpu_use,
+            pod_resources=self.pod_resources is not None,
+            device_plugin=self.device_plugin.stats if self.device_plugin is not None else None,
         )
 
     # --- life -------------------------------------------------------------------------------
@@ -210,6 +216,8 @@ class Agent:
             self._spawn(self._gpu_probe_loop(), "gpu-probes")
         if self.pod_resources is not None:
             self._spawn(self._gpu_use_loop(), "pod-resources")
+        if self.device_plugin is not None:
+            self._spawn(self.device_plugin.run(), "device-plugin")
         if self.config.aggregator:
             self._channel = report_channel(
                 self.config.aggregator, self.config.backoff, tls=self.config.tls
@@ -307,6 +315,8 @@ class Agent:
         changed = before is None or before.topology != result.topology
         if changed and self.stream is not None:
             self.stream.changed()
+        if changed and self.device_plugin is not None:
+            await self.device_plugin.devices_changed()
         self._discovered.set()
         return result
 
@@ -426,4 +436,13 @@ class Agent:
 
     def _readyz(self) -> ProbeResult:
         ready = self._discovered.is_set()
-        return ProbeResult(ready, {"ready": ready})
+        body: dict[str, object] = {"ready": ready}
+        if self.pod_resources is not None:
+            # Not a readiness condition (metrics and topology still flow), but the one place
+            # an operator sees why held GPUs are not known: e.g. the socket's directory is
+            # root-only and the exporter does not run as root.
+            use = self.gpu_use
+            body["pod_resources"] = (
+                "not read yet" if use is None else "ok" if use.known else use.reason
+            )
+        return ProbeResult(ready, body)

@@ -53,6 +53,7 @@ __all__ = [
     "DEFAULT_DIR",
     "DevicePlugin",
     "DevicePluginConfig",
+    "DevicePluginStats",
     "allocate_response",
     "kubelet_allocations",
 ]
@@ -134,7 +135,10 @@ def allocate_response(
 
 
 @dataclass(slots=True)
-class _Stats:
+class DevicePluginStats:
+    """What the plugin did, for metrics."""
+
+    resource: str
     registrations: int = 0
     preferred: Counter[str] = field(default_factory=Counter)  # record, best, race
     allocations: int = 0
@@ -162,7 +166,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         self._version = 0
         self._server: grpc.aio.Server | None = None
         self._kubelet_id: tuple[int, int] | None = None
-        self.stats = _Stats()
+        self.stats = DevicePluginStats(config.resource_name)
         self._rng = random.Random()
         self.registered = asyncio.Event()
 
