@@ -43,6 +43,7 @@ from exporter.admission import DeviceIds, best_devices, pending_pods, prefer
 from gputopo.links import LinkHealth
 from gputopo.runtime.backoff import Backoff
 from gputopo.runtime.grpcio import channel, server
+from gputopo.runtime.kube import KubeClient
 from gputopo.topology import NodeTopology
 from gputopo.v1 import deviceplugin_pb2 as pb
 from gputopo.v1 import deviceplugin_pb2_grpc as pb_grpc
@@ -55,7 +56,9 @@ __all__ = [
     "DevicePluginConfig",
     "DevicePluginStats",
     "allocate_response",
+    "driver_minors",
     "kubelet_allocations",
+    "node_pods",
 ]
 
 log = logging.getLogger(__name__)
@@ -154,13 +157,13 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         *,
         pods: PodLister,
         allocated: AllocatedReader,
-        minors: Mapping[str, int] | None = None,
+        proc: Path = Path("/proc"),
     ) -> None:
         self.config = config
         self._topology = topology
         self._pods = pods
         self._allocated = allocated
-        self._minors = dict(minors or {})
+        self._proc = proc
         self._unhealthy: dict[str, str] = {}  # device ID -> why
         self._changed = asyncio.Condition()
         self._version = 0
@@ -276,7 +279,13 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
     async def Allocate(  # noqa: N802
         self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.AllocateResponse:
-        known = set(self.ids().by_index.values())
+        ids = self.ids()
+        known = set(ids.by_index.values())
+        minors = (
+            driver_minors(self._topology(), ids, proc=self._proc)
+            if self.config.pass_device_specs
+            else {}
+        )
         response = pb.AllocateResponse()
         for ask in request.container_requests:
             unknown = [d for d in ask.devices_ids if d not in known]
@@ -287,7 +296,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                     f"{self.config.resource_name}",
                 )
             response.container_responses.append(
-                allocate_response(list(ask.devices_ids), config=self.config, minors=self._minors)
+                allocate_response(list(ask.devices_ids), config=self.config, minors=minors)
             )
             self.stats.allocations += 1
         return response
@@ -377,3 +386,34 @@ def kubelet_allocations(
         return held
 
     return read
+
+
+def node_pods(kube: KubeClient, node: str) -> PodLister:
+    """The pods bound to `node`, from the API server (RBAC: list pods; the field selector keeps
+    the answer to this node's pods)."""
+    query = {"fieldSelector": f"spec.nodeName={node}"}
+
+    async def pods() -> Sequence[Mapping[str, Any]]:
+        items, _ = await kube.list_all("/api/v1/pods", query=query)
+        return items
+
+    return pods
+
+
+def driver_minors(
+    topology: NodeTopology, ids: DeviceIds, *, proc: Path = Path("/proc")
+) -> dict[str, int]:
+    """Device ID -> the driver's minor number (`/dev/nvidia<minor>`), from
+    `<proc>/driver/nvidia/gpus/<bus id>/information` ("Device Minor:"); the minor is not the
+    NVML index on every machine. GPUs without the file are left out (no device node passed)."""
+    by_bus = {g.pci_bus_id.lower()[-12:]: g.index for g in topology.gpus if g.pci_bus_id}
+    found: dict[str, int] = {}
+    for info in sorted((proc / "driver" / "nvidia" / "gpus").glob("*/information")):
+        index = by_bus.get(info.parent.name.lower()[-12:])
+        if index is None:
+            continue
+        for line in info.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "Device Minor" and value.strip().isdigit():
+                found[ids.by_index[index]] = int(value.strip())
+    return found

@@ -18,7 +18,14 @@ from typing import Any
 
 import pytest
 
-from exporter.deviceplugin import DevicePlugin, DevicePluginConfig, kubelet_allocations
+from exporter.admission import DeviceIds
+from exporter.deviceplugin import (
+    DevicePlugin,
+    DevicePluginConfig,
+    allocate_response,
+    driver_minors,
+    kubelet_allocations,
+)
 from gputopo.links import LinkKind
 from gputopo.machines import load_machine
 from gputopo.runtime.backoff import Backoff
@@ -206,3 +213,35 @@ def test_a_pod_without_a_record_gets_the_link_graph_best_gpus(tmp_path: Path) ->
             assert node.plugin.stats.preferred["best"] == 1
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_allocate_answers_as_nvidias_plugin_with_the_driver_minor(tmp_path: Path) -> None:
+    """Env and CDI names list the IDs; device nodes use the minor (here not the index)."""
+    topology = load_machine("dgx-h100", node_name=NODE)
+    ids = DeviceIds.of(topology)
+    for gpu in topology.gpus:
+        info = tmp_path / "driver" / "nvidia" / "gpus" / gpu.pci_bus_id.lower() / "information"
+        info.parent.mkdir(parents=True)
+        info.write_text(f"Model: H100\nDevice Minor: \t {7 - gpu.index}\nBus Location: x\n")
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidiactl").touch()
+    config = DevicePluginConfig(
+        node_name=NODE,
+        list_strategies=("envvar", "cdi-cri"),
+        pass_device_specs=True,
+        driver_root=tmp_path,
+    )
+    devices = [ids.by_index[1], ids.by_index[6]]
+    response = allocate_response(
+        devices, config=config, minors=driver_minors(topology, ids, proc=tmp_path)
+    )
+    assert response.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(devices)
+    assert [c.name for c in response.cdi_devices] == [
+        f"k8s.device-plugin.nvidia.com/gpu={d}" for d in devices
+    ]
+    assert [(d.container_path, d.permissions) for d in response.devices] == [
+        ("/dev/nvidia6", "rw"),
+        ("/dev/nvidia1", "rw"),
+        ("/dev/nvidiactl", "rw"),  # uvm absent here: left out, as NVIDIA's optional nodes
+    ]
+    assert response.devices[0].host_path == str(tmp_path / "dev" / "nvidia6")
