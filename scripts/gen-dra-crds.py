@@ -4,14 +4,13 @@
     scripts/gen-dra-crds.py TYPES_GO [OUT_DIR]
 
 TYPES_GO is k8s.io/api resource/v1/types.go (a copy: the team's reference/upstream directory,
-kubernetes/api @ 10b39a39b). OUT_DIR defaults to tests/data/crds. The 1.20 server cannot serve
+kubernetes/api @ 10b39a39b). OUT_DIR defaults to tests/data/crds (one file a kind: dra-<plural>.yaml). The 1.20 server cannot serve
 the native API, so the tests install these CRDs (same group, version, kinds, plural names,
 scope and `status` subresource) and every write goes through a real API server with a
 structural schema made from the Go structs: field names from the json tags, types from the Go
 types, `+required` fields required. Not the native validation: no CEL, enum or format rules,
 quantities are int-or-string, and core/v1 NodeSelector, metav1.Condition and RawExtension are
-kept as free objects. Stdlib only; the output is committed (tests/test_dra_crds_fresh.py
-regenerates it and fails when stale).
+kept as free objects. Needs PyYAML; the output is committed.
 """
 
 from __future__ import annotations
@@ -186,9 +185,9 @@ def main(argv: list[str]) -> int:
     out = Path(argv[2]) if len(argv) == 3 else ROOT / "tests" / "data" / "crds"
     out.mkdir(parents=True, exist_ok=True)
     schemas = Schemas(structs, aliases)
-    documents = [crd(kind, schemas) for kind in KINDS]
-    text = HEADER + yaml.safe_dump_all(documents, sort_keys=False, width=100)
-    (out / "resource-k8s-io-v1.yaml").write_text(text)
+    for kind, (plural, _, _) in KINDS.items():
+        text = HEADER + yaml.safe_dump(crd(kind, schemas), sort_keys=False, width=100)
+        (out / f"dra-{plural}.yaml").write_text(text)
     return 0
 
 
