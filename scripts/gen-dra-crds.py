@@ -3,14 +3,14 @@
 
     scripts/gen-dra-crds.py TYPES_GO [OUT_DIR]
 
-TYPES_GO is k8s.io/api resource/v1/types.go (a copy: the team's reference/upstream directory,
-kubernetes/api @ 10b39a39b). OUT_DIR defaults to tests/data/crds (one file a kind: dra-<plural>.yaml). The 1.20 server cannot serve
-the native API, so the tests install these CRDs (same group, version, kinds, plural names,
-scope and `status` subresource) and every write goes through a real API server with a
-structural schema made from the Go structs: field names from the json tags, types from the Go
-types, `+required` fields required. Not the native validation: no CEL, enum or format rules,
-quantities are int-or-string, and core/v1 NodeSelector, metav1.Condition and RawExtension are
-kept as free objects. Needs PyYAML; the output is committed.
+TYPES_GO is k8s.io/api resource/v1/types.go (kubernetes/api @ 10b39a39b). OUT_DIR defaults to
+tests/data/crds (one file a kind: dra-<plural>.yaml). The 1.20 test API server cannot serve the
+native API, so the tests install these CRDs (same group, version, kinds, plural names, scope and
+`status` subresource) and every write goes through a real API server with a structural schema
+made from the Go structs: field names from the json tags, types from the Go types, `+required`
+fields required. Not the native validation: no CEL, enum or format rules, quantities are
+int-or-string, and core/v1 NodeSelector, metav1.Condition and RawExtension are free objects.
+Needs PyYAML; the output is committed.
 """
 
 from __future__ import annotations
