@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aggregator.changes import ChangeEvent, ChangeKind
-from aggregator.claims import ClaimedDevice
+from aggregator.claims import ClaimedDevice, located
 from aggregator.fabric import FabricSources, Resolution
 from aggregator.indexes import DomainIndex
 from aggregator.occupancy import Occupancy
@@ -483,11 +483,11 @@ class ClusterState:
         use = self._kubelet.get(node)
         if use is not None and use.known:
             free = free.difference(use.held)
-        claimed = self.claimed(node)
-        free = free.difference(d.gpu for d in claimed if d.gpu is not None)
+        claimed, unlocated = located(self.claimed(node), rec.topology)  # DRA, by UUID
+        free = free.difference(claimed)
         counted, pinned = self._pods_holding(node)
         free = free.difference(pinned)
-        taken = counted + sum(1 for d in claimed if d.gpu is None)
+        taken = counted + unlocated
         if not taken:
             return free
         return frozenset(sorted(free)[: max(len(free) - taken, 0)])

@@ -154,7 +154,13 @@ def crd(kind: str, schemas: Schemas) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{GROUP}"},
+        "metadata": {
+            "name": f"{plural}.{GROUP}",
+            # *.k8s.io groups are protected: an API server refuses a CRD in them without this.
+            "annotations": {
+                "api-approved.kubernetes.io": "unapproved, a test stand-in for the native API"
+            },
+        },
         "spec": {
             "group": GROUP,
             "scope": "Namespaced" if namespaced else "Cluster",
