@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aggregator.changes import ChangeEvent, ChangeKind
+from aggregator.choices import ChoiceChecker
 from aggregator.claims import ClaimedDevice, located
 from aggregator.fabric import FabricSources, Resolution
 from aggregator.indexes import DomainIndex
@@ -103,6 +104,7 @@ class ClusterState:
         self._kubelet: dict[str, GpuUse] = {}
         # Devices of GPU drivers that DRA ResourceClaims hold, by claim (namespace/name), and
         # the same by node, which is what every free-GPU question asks.
+        self.choices = ChoiceChecker()
         self._claims: dict[str, tuple[ClaimedDevice, ...]] = {}
         self._claimed: dict[str, dict[str, tuple[ClaimedDevice, ...]]] = {}
         self.generation = 0
@@ -515,6 +517,8 @@ class ClusterState:
             self._kubelet.pop(node, None)
         else:
             self._kubelet[node] = use
+            if use.known:  # trust, but verify the kubelet followed the records
+                self.choices.check(node, use, self.occupancy.pods(node))
         if node in self._nodes:
             self._changed(ChangeKind.ALLOCATION, node)
 
