@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import random
-from collections.abc import AsyncIterator, Mapping, Sequence
+import tempfile
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,14 @@ from tests.builders import nvswitch_node
 from tests.harness.kubelet import FakeKubelet
 
 NODE = "node-a"
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A short directory: a unix socket path has a length limit (108 bytes), pytest's can be
+    longer."""
+    with tempfile.TemporaryDirectory(prefix="dp-") as root:
+        yield Path(root)
 
 
 def pod(
