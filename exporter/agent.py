@@ -38,7 +38,7 @@ from exporter.deviceplugin import DevicePlugin
 from exporter.discovery import Discovery, DiscoveryResult
 from exporter.health import HealthPolicy
 from exporter.metrics import ExporterView, register
-from exporter.nvml import Nvml
+from exporter.nvml import Nvml, XidEvents
 from exporter.podresources import PodResourcesReader
 from exporter.probes.results import ProbeResults
 from exporter.probes.runner import (
@@ -218,6 +218,7 @@ class Agent:
             self._spawn(self._gpu_use_loop(), "pod-resources")
         if self.device_plugin is not None:
             self._spawn(self.device_plugin.run(), "device-plugin")
+            self._spawn(self._xid_loop(self.device_plugin), "xid-events")
         if self.config.aggregator:
             self._channel = report_channel(
                 self.config.aggregator, self.config.backoff, tls=self.config.tls
@@ -365,6 +366,21 @@ class Agent:
             except Exception:
                 log.exception("reading the kubelet's pod resources failed")
             await asyncio.sleep(self.config.pod_resources_interval_s)
+
+    # --- XID errors: a GPU that had one is not handed out ---------------------------------------
+
+    async def _xid_loop(self, plugin: DevicePlugin, *, timeout_ms: int = 1000) -> None:
+        events = XidEvents(self.nvml)
+        reason = await asyncio.to_thread(events.open)
+        if reason:
+            log.warning("device plugin: XID errors are not watched (%s)", reason)
+            return
+        try:
+            while True:
+                for gpu, xid in await asyncio.to_thread(events.wait, timeout_ms):
+                    await plugin.mark_unhealthy(gpu, f"XID {xid}")
+        finally:
+            await asyncio.to_thread(events.close)
 
     # --- probes -----------------------------------------------------------------------------
 

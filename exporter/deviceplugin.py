@@ -13,8 +13,9 @@ so the kubelet's own allocation, its checkpoint and PodResources, are what the b
    `kubelet.sock`; the plugin notices (its own socket gone, or `kubelet.sock` a new file),
    serves again and registers again. Until the kubelet answers it retries with backoff.
 3. **List and watch**: every GPU of the node, named by UUID (or index), with its NUMA node and
-   its health. A GPU is unhealthy when NVML reported an XID error for it (`mark_unhealthy`) or
-   discovery found it down; the kubelet then stops handing it out. Every change sends the whole
+   its health. A GPU is unhealthy when NVML reported a critical XID error for it (the agent
+   watches `exporter.nvml.XidEvents` and calls `mark_unhealthy`) or discovery found it down; the
+   kubelet then stops handing it out. Every change sends the whole
    list again.
 4. **Prefer**: `exporter.admission.prefer` over the pods bound to this node (from the API server)
    and what the kubelet already allocated (from PodResources).
