@@ -137,8 +137,9 @@ class Agent:
             clock=clock,
         )
         self.probes = ProbeResults()
+        self._mig_parents: dict[str, int] = {}  # MIG device UUID -> GPU, from discovery
         self.pod_resources = (
-            PodResourcesReader(config.pod_resources_socket)
+            PodResourcesReader(config.pod_resources_socket, mig_parents=lambda: self._mig_parents)
             if config.pod_resources_socket is not None
             else None
         )
@@ -312,6 +313,8 @@ class Agent:
         for source, count in result.errors.items():
             self._state.errors[source] += count
         self._state.discovery = result
+        if self.pod_resources is not None and result.topology.nvml.up:
+            self._mig_parents = await asyncio.to_thread(self.nvml.mig_parents)
         self._log_nvml(before.topology.nvml if before else None, result.topology.nvml)
         changed = before is None or before.topology != result.topology
         if changed and self.stream is not None:

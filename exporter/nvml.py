@@ -132,6 +132,8 @@ class NvmlLibrary(Protocol):
     def nvmlDeviceGetUtilizationRates(self, handle: Any, /) -> Any: ...  # noqa: N802
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any, /) -> list[Any]: ...  # noqa: N802
     def nvmlEventSetCreate(self) -> Any: ...  # noqa: N802
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any, /) -> int: ...  # noqa: N802
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int, /) -> Any: ...  # noqa: N802
     def nvmlDeviceRegisterEvents(self, handle: Any, types: int, events: Any, /) -> None: ...  # noqa: N802
     def nvmlEventSetWait_v2(self, events: Any, timeout_ms: int, /) -> Any: ...  # noqa: N802
     def nvmlEventSetFree(self, events: Any, /) -> None: ...  # noqa: N802
@@ -257,6 +259,32 @@ class Nvml:
                 problems=tuple(calls.problems),
                 errors=calls.errors,
             )
+
+    def mig_parents(self) -> dict[str, int]:
+        """MIG device UUID -> the index of its GPU, for every MIG device that exists now (the
+        device plugin names MIG devices by these UUIDs); empty without MIG or NVML."""
+        with self._lock:
+            if not self._open().up:
+                return {}
+            calls = _Calls(self._lib.NVMLError)
+            found: dict[str, int] = {}
+            lib = self._lib
+            for index in range(calls.get("count", lib.nvmlDeviceGetCount) or 0):
+                handle = calls.get("handle", lib.nvmlDeviceGetHandleByIndex, index)
+                slots = (
+                    calls.get("mig count", lib.nvmlDeviceGetMaxMigDeviceCount, handle)
+                    if handle is not None
+                    else None
+                )
+                for slot in range(slots or 0):
+                    # An empty slot answers NOT_FOUND: expected, not a problem.
+                    mig = calls.get(
+                        "mig", lib.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot, absent=None
+                    )
+                    uuid = calls.get("mig uuid", lib.nvmlDeviceGetUUID, mig) if mig else None
+                    if uuid:
+                        found[uuid] = index
+            return found
 
     def activity(self) -> tuple[GpuActivity, ...]:
         """Utilisation and compute processes of every GPU; empty when NVML is down."""

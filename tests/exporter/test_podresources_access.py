@@ -20,7 +20,9 @@ import grpc
 import pytest
 import yaml
 
+from exporter.agent import Agent, AgentConfig
 from exporter.fake_machine import FakeMachine
+from gputopo.gpu_use import GpuUse
 from gputopo.v1 import podresources_pb2 as pb
 from gputopo.v1 import podresources_pb2_grpc as pb_grpc
 
@@ -111,3 +113,15 @@ def test_the_manifests_user_reads_a_socket_in_a_root_only_directory(
         assert found["held"] == []
         assert "no permission" in str(found["reason"])
         assert "root" in str(found["reason"])
+
+
+def test_readyz_and_a_metric_say_why_held_gpus_are_unknown() -> None:
+    agent = Agent(AgentConfig(node_name="n", pod_resources_socket=Path("/nonexistent.sock")))
+    assert agent._readyz().body["pod_resources"] == "not read yet"
+    agent.gpu_use = GpuUse(reason="no permission to open /x (uid 65534): run as root")
+    assert agent._readyz().body["pod_resources"].startswith("no permission")
+    reason = {"reason": "no permission to open /x (uid 65534): run as root"}
+    assert agent.registry.get_sample_value("gputopo_pod_resources_up", reason) == 0
+    agent.gpu_use = GpuUse()
+    assert agent._readyz().body["pod_resources"] == "ok"
+    assert agent.registry.get_sample_value("gputopo_pod_resources_up", {"reason": ""}) == 1

@@ -1,4 +1,5 @@
-"""XID errors from NVML's event set: which GPU, which error, application errors left out.
+"""NVML beyond discovery: XID errors (which GPU, which error, application errors left out) and
+which GPU each MIG device is.
 
 The fake stands where pynvml's wrappers do (the C-level fake has no event set): event data with
 the wheel's field names, errors carrying NVML's return codes.
@@ -94,3 +95,25 @@ def test_without_events_it_says_why() -> None:
             raise NvmlError(13)  # NVML_ERROR_FUNCTION_NOT_FOUND
 
     assert XidEvents(Nvml(NoEvents([]))).open().startswith("no NVML events")  # type: ignore[arg-type]
+
+
+class MigLibrary(EventLibrary):
+    """GPU 1 is MIG-partitioned into two slices (slot 1 empty); the others are not."""
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: str) -> int:  # noqa: N802
+        if handle != "h1":
+            raise NvmlError(NOT_SUPPORTED)
+        return 3
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: str, slot: int) -> str:  # noqa: N802
+        if slot == 1:
+            raise NvmlError(6)  # NVML_ERROR_NOT_FOUND: an empty slot
+        return f"mig{slot}-of-{handle}"
+
+    def nvmlDeviceGetUUID(self, handle: str) -> str:  # noqa: N802
+        return f"MIG-{handle}" if handle.startswith("mig") else f"GPU-{handle}"
+
+
+def test_mig_devices_map_to_their_gpu() -> None:
+    nvml = Nvml(MigLibrary([]))  # type: ignore[arg-type]
+    assert nvml.mig_parents() == {"MIG-mig0-of-h1": 1, "MIG-mig2-of-h1": 1}
