@@ -16,11 +16,20 @@ from aggregator.state import ClusterState
 from gputopo.machines import load_machine
 from gputopo.runtime.kube import KubeClient
 from scheduler.dra import DRA_API, allocate_recorded
-from tests.aggregator.kubeutil import eventually, install_crds, run
+from tests.aggregator.kubeutil import eventually, install_crds, install_rbac, run
+from tests.deploy.manifests import render
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
 
 CRDS = ("dra-resourceslices.yaml", "dra-resourceclaims.yaml")
+
+
+def rbac(component: str) -> list[dict[str, Any]]:
+    """A component's manifests without their namespace (install_rbac puts them in the test's)."""
+    return [
+        {**d, "metadata": {k: v for k, v in d["metadata"].items() if k != "namespace"}}
+        for d in render(component)
+    ]
 
 
 def resource_slice(name: str, node: str, uuids: list[str]) -> dict[str, Any]:
@@ -53,6 +62,11 @@ def test_the_binder_allocates_the_chosen_gpus_and_the_aggregator_holds_them(
     kube_apiserver: KubeApiServer, kube_scope: KubeScope
 ) -> None:
     install_crds(kube_scope, *CRDS)
+    # Each side runs as its deployed ServiceAccount, with its deployed RBAC.
+    binder_user = install_rbac(kube_scope, kube_apiserver, rbac("scheduler"), "gputopo-scheduler")
+    aggregator_user = install_rbac(
+        kube_scope, kube_apiserver, rbac("aggregator"), "gputopo-aggregator"
+    )
     node = kube_scope.name("h100")
     topology = load_machine("dgx-h100", node_name=node)
     uuids = [g.uuid for g in topology.gpus]
@@ -61,9 +75,11 @@ def test_the_binder_allocates_the_chosen_gpus_and_the_aggregator_holds_them(
 
     async def body() -> None:
         kube = KubeClient(kube_apiserver.api_client())
+        as_binder = KubeClient(kube_apiserver.api_client(impersonate=binder_user))
+        as_aggregator = KubeClient(kube_apiserver.api_client(impersonate=aggregator_user))
         state = ClusterState(clock=lambda: 1000.0)
         state.add_static(topology)
-        watcher = ClaimWatcher(state, kube)
+        watcher = ClaimWatcher(state, as_aggregator)
         watching = asyncio.create_task(watcher.run())
         try:
             await kube.request(
@@ -110,7 +126,7 @@ def test_the_binder_allocates_the_chosen_gpus_and_the_aggregator_holds_them(
                     "resourceClaims": [{"name": "gpus", "resourceClaimName": "train-0-gpus"}],
                 },
             }
-            assert await allocate_recorded(kube, pod) == [f"{ns}/train-0-gpus"]
+            assert await allocate_recorded(as_binder, pod) == [f"{ns}/train-0-gpus"]
 
             stored = await kube.request(
                 "GET", f"{DRA_API}/namespaces/{ns}/resourceclaims/train-0-gpus"
@@ -142,6 +158,7 @@ def test_the_binder_allocates_the_chosen_gpus_and_the_aggregator_holds_them(
         finally:
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
-            kube.close()
+            for client in (kube, as_binder, as_aggregator):
+                client.close()
 
     run(body())
