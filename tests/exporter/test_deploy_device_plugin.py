@@ -6,6 +6,8 @@ from pathlib import Path
 
 import yaml
 
+from gputopo.app.cli import _parser
+from tests.deploy.manifests import render
 from tests.exporter.test_deploy import container, daemonset
 
 COMPONENT = Path(__file__).parents[2] / "deploy" / "exporter" / "device-plugin"
@@ -35,3 +37,21 @@ def test_the_component_turns_the_plugin_on_and_may_only_read_pods() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "gputopo-exporter", "namespace": "gputopo-exporter"}
     ]
+
+
+def test_the_component_renders_into_args_the_exporter_accepts() -> None:
+    """Applied as kustomize applies a JSON 6902 patch (`args/-` appends), the args parse."""
+    (ds,) = [d for d in render("exporter") if d["kind"] == "DaemonSet"]
+    component = yaml.safe_load((COMPONENT / "kustomization.yaml").read_text())
+    (patch,) = component["patches"]
+    pod = ds["spec"]["template"]["spec"]
+    for op in yaml.safe_load(patch["patch"]):
+        if op["path"] == "/spec/template/spec/containers/0/args/-":
+            pod["containers"][0]["args"].append(op["value"])
+        else:
+            pod[op["path"].rsplit("/", 1)[1]] = op["value"]
+    args = [a for a in pod["containers"][0]["args"] if "$(" not in a]
+    parsed = _parser().parse_args(args)
+    assert parsed.device_plugin == "nvidia.com/gpu"
+    assert parsed.device_plugin_dir == "/var/lib/kubelet/device-plugins"
+    assert pod["automountServiceAccountToken"] is True
