@@ -44,7 +44,7 @@ from exporter.admission import DeviceIds, best_devices, pending_pods, prefer
 from gputopo.links import LinkHealth
 from gputopo.runtime.backoff import Backoff
 from gputopo.runtime.grpcio import channel, server
-from gputopo.runtime.kube import KubeClient
+from gputopo.runtime.kube import KubeClient, KubeError
 from gputopo.topology import NodeTopology
 from gputopo.v1 import deviceplugin_pb2 as pb
 from gputopo.v1 import deviceplugin_pb2_grpc as pb_grpc
@@ -243,7 +243,13 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
     ) -> pb.PreferredAllocationResponse:
         ids = self.ids()
         healthy = self._healthy()
-        pods, allocated = await asyncio.gather(self._pods(), self._allocated())
+        try:
+            pods, allocated = await asyncio.gather(self._pods(), self._allocated())
+        except (KubeError, grpc.aio.AioRpcError, OSError) as err:
+            # An error here would fail the pod's admission in the kubelet; the best set of the
+            # free GPUs is a better answer, and the mismatch check will see what came of it.
+            log.warning("cannot tell which pod is admitted (%s): answering the best set", err)
+            pods, allocated = [], {}
         pending = pending_pods(
             pods,
             node=self.config.node_name,

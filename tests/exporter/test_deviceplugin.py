@@ -30,6 +30,7 @@ from exporter.deviceplugin import (
 from gputopo.links import LinkKind
 from gputopo.machines import load_machine
 from gputopo.runtime.backoff import Backoff
+from gputopo.runtime.kube import KubeError
 from gputopo.topology import NodeTopology
 from tests.builders import nvswitch_node
 from tests.harness.kubelet import FakeKubelet
@@ -254,3 +255,22 @@ def test_allocate_answers_as_nvidias_plugin_with_the_driver_minor(tmp_path: Path
         ("/dev/nvidiactl", "rw"),  # uvm absent here: left out, as NVIDIA's optional nodes
     ]
     assert response.devices[0].host_path == str(tmp_path / "dev" / "nvidia6")
+
+
+def test_without_the_pod_list_the_kubelet_still_gets_an_answer(tmp_path: Path) -> None:
+    """An API server that does not answer must not fail the pod's admission."""
+
+    async def scenario() -> None:
+        async with node_with_plugin(tmp_path, nvswitch_node(NODE, gpus=8)) as node:
+
+            async def broken() -> Sequence[Mapping[str, Any]]:
+                raise KubeError(503, "the API server is away")
+
+            node.plugin._pods = broken  # the API server goes away
+            node.pods.append(pod("p", [2], gpus=[6, 7], created=1))
+            done = await node.kubelet.admit("ns/p", [2])
+            assert done[0].preferred is not None  # an answer, the best set
+            assert len(done[0].allocated) == 2
+            assert node.plugin.stats.preferred["best"] == 1
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
