@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from aggregator.state import ClusterState
 from exporter.fake_machine import FakeMachine
 from exporter.podresources import PodResourcesReader
 from gputopo.topology import NodeTopology
@@ -126,3 +127,40 @@ def test_a_dra_device_is_located_by_its_minor_not_taken_for_the_index() -> None:
     )
     reader = PodResourcesReader(dra_minors=lambda: {3: 0, 0: 3})
     assert set(reader.use(NODE, listed, None).held) == {0}
+
+
+@pytest.mark.parametrize(
+    ("resource", "held_ids", "want_free"),
+    [
+        pytest.param(
+            "nvidia.com/gpu.shared",
+            (f"{UUID[6]}::0",),
+            frozenset(range(8)) - {6},
+            id="a time-slicing node: the shared GPU is not free",
+        ),
+        pytest.param(
+            "nvidia.com/mig-1g.10gb",
+            (MIG_A,),
+            frozenset(range(8)) - {4},
+            id="a MIG node: the partitioned GPU is not free",
+        ),
+    ],
+)
+def test_the_aggregator_counts_them_held(
+    resource: str, held_ids: tuple[str, ...], want_free: frozenset[int]
+) -> None:
+    devices = pb.ContainerDevices(resource_name=resource, device_ids=list(held_ids))
+    listed = pb.ListPodResourcesResponse(
+        pod_resources=[
+            pb.PodResources(
+                name="p",
+                namespace="ns",
+                containers=[pb.ContainerResources(name="c", devices=[devices])],
+            )
+        ]
+    )
+    use = PodResourcesReader(mig_parents=lambda: MIG_PARENTS).use(NODE, listed, None)
+    state = ClusterState(clock=lambda: 1000.0)
+    state.add_static(NODE)
+    state.set_kubelet_use(NODE.name, use)
+    assert state.snapshot().node(NODE.name).free == want_free
