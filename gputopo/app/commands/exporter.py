@@ -106,6 +106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " names), or both comma-separated (default envvar)",
     )
     plugin.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        default=None,
+        help="where the device plugin lists pods from (default: the pod's ServiceAccount)",
+    )
+    plugin.add_argument(
         "--pass-device-specs",
         action="store_true",
         help="also hand the device nodes (/dev/nvidia<minor>, nvidiactl, nvidia-uvm*)",
@@ -234,7 +240,12 @@ def _device_plugin(args: argparse.Namespace, node_name: str, agent: Any) -> Any:
     return DevicePlugin(
         config,
         lambda: agent.topology,
-        pods=node_pods(KubeClient.in_cluster(), node_name),
+        pods=node_pods(
+            KubeClient.from_kubeconfig(args.kubeconfig)
+            if args.kubeconfig
+            else KubeClient.in_cluster(),
+            node_name,
+        ),
         allocated=kubelet_allocations(socket, config.resource_name),
     )
 
