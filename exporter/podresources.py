@@ -15,6 +15,8 @@ it can hand out). This module reads both and maps device IDs to this node's GPU 
      GPU; `MIG-<uuid>` is found in `mig_parents` (NVML's MIG devices of each GPU). With the
      single strategy these come as `nvidia.com/gpu`. A GPU one of whose MIG slices is held is
      held: it cannot be handed out whole.
+   A GPU the kubelet offers (`GetAllocatableResources`) only as slices or replicas is held too,
+   by its partition (a holder with no pod, `via` saying which), even while no pod holds a piece.
 2. DRA ResourceClaims (`dynamic_resources`): a device of a GPU driver (`drivers`) named `gpu-N`,
    as NVIDIA's DRA driver names whole GPUs. N is the device's minor number, not its NVML index,
    so it is mapped through `dra_minors` (minor -> index) when given, and taken as the index only
@@ -134,14 +136,23 @@ class PodResourcesReader:
                         held[found] = holder
         can = None
         if allocatable is not None:
-            ids = [
-                d
+            offered = [
+                (devs.resource_name, d)
                 for devs in allocatable.devices
                 if self._counted(devs.resource_name)
                 for d in devs.device_ids
-                if not index.is_slice(d)  # a MIG slice is not the whole GPU
             ]
-            can = frozenset(i for i in (index.of(d) for d in ids) if i is not None)
+            whole = [d for _, d in offered if not index.is_slice(d) and not index.is_replica(d)]
+            can = frozenset(i for i in (index.of(d) for d in whole) if i is not None)
+            # A GPU the kubelet hands out in MIG slices or time-slicing replicas is not free for
+            # a whole-GPU placement even while no pod holds a piece of it.
+            for resource, device in offered:
+                found = index.of(device)
+                if found is None or found in held or found in can:
+                    continue
+                kind = "mig partition" if index.is_slice(device) else "time-slicing"
+                if index.is_slice(device) or index.is_replica(device):
+                    held[found] = GpuHolder("", "", "", f"{kind} ({resource})")
         return GpuUse(held=held, allocatable=can, unmapped=tuple(unmapped))
 
     def _devices(self, container: pb.ContainerResources) -> list[tuple[str, str]]:
@@ -176,6 +187,9 @@ class _Index:
 
     def is_slice(self, device: str) -> bool:
         return device.upper().startswith("MIG-")
+
+    def is_replica(self, device: str) -> bool:
+        return _REPLICA.match(device) is not None
 
     def of(self, device: str) -> int | None:
         if device.startswith("dra:"):

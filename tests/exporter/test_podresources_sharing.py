@@ -38,24 +38,24 @@ CASES = [
         Case(
             "nvidia.com/gpu",
             (f"{UUID[1]}::3",),
-            tuple(f"{u}::{n}" for u in UUID for n in range(4)),
-            frozenset({1}),
-            frozenset(range(8)),
+            tuple(f"{u}::{n}" for u in UUID[:6] for n in range(4)) + (UUID[6], UUID[7]),
+            frozenset(range(6)),
+            frozenset({6, 7}),
         ),
-        id="time-slicing: a replica holds its GPU, replicas of every GPU are allocatable",
+        id="time-slicing: a replica holds its GPU, a shared GPU is never free, whole ones are",
     ),
     pytest.param(
         Case(
             "nvidia.com/gpu.shared",
             (f"{UUID[6]}::0", f"{UUID[6]}::1"),
             tuple(f"{u}::{n}" for u in UUID for n in range(2)),
-            frozenset({6}),
             frozenset(range(8)),
+            frozenset(),
         ),
         id="time-slicing renamed nvidia.com/gpu.shared is counted the same",
     ),
     pytest.param(
-        Case("nvidia.com/gpu", ("2::1",), ("2::0", "2::1"), frozenset({2}), frozenset({2})),
+        Case("nvidia.com/gpu", ("2::1",), ("2::0", "2::1"), frozenset({2}), frozenset()),
         id="time-slicing with index ids",
     ),
     pytest.param(
@@ -107,6 +107,8 @@ def test_shared_and_partitioned_gpus_are_held(case: Case) -> None:
     assert frozenset(use.held) == case.want_held
     assert use.allocatable == case.want_allocatable
     assert use.unmapped == ()
+    pods = {i for i, holder in use.held.items() if holder.pod}
+    assert {use.held[i].pod_key for i in pods} == {"ns/p"}  # the rest: held by a partition
 
 
 def test_a_dra_device_is_located_by_its_minor_not_taken_for_the_index() -> None:
