@@ -173,7 +173,9 @@ def prefer(
     must = list(dict.fromkeys(must_include))
     fits: list[tuple[bool, PendingPod, list[str]]] = []
     for pod in pending:
-        left = [d for d in pod.devices if d in free]
+        # must_include: devices the kubelet reuses from the pod's init containers (no longer
+        # available, but the pod's own).
+        left = [d for d in pod.devices if d in free or d in must]
         if size not in pod.requests or len(left) < size or not set(must) <= set(left):
             continue
         fits.append((len(left) < len(pod.devices), pod, left))

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from exporter.admission import DeviceIds
+from exporter.admission import DeviceIds, PendingPod, prefer
 from exporter.deviceplugin import (
     DevicePlugin,
     DevicePluginConfig,
@@ -274,3 +274,18 @@ def test_without_the_pod_list_the_kubelet_still_gets_an_answer(tmp_path: Path) -
             assert node.plugin.stats.preferred["best"] == 1
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_prefer_keeps_the_init_containers_gpus_the_kubelet_reuses() -> None:
+    """The kubelet reuses an init container's GPUs for the next container (must_include)."""
+    ids = [f"GPU-{i}" for i in range(8)]
+    pending = [PendingPod("ns/p", "t0", (ids[5], ids[2], ids[7]), (1, 3))]
+    chosen = prefer(
+        available=[d for d in ids if d != ids[5]],  # GPU 5 went to the init container
+        must_include=[ids[5]],
+        size=3,
+        pending=pending,
+        best=lambda available, must, size: (),
+    )
+    assert chosen.devices == (ids[5], ids[2], ids[7])
+    assert chosen.pod == "ns/p"

@@ -38,7 +38,7 @@ CASES = [
         Case(
             "nvidia.com/gpu",
             (f"{UUID[1]}::3",),
-            tuple(f"{u}::{n}" for u in UUID[:6] for n in range(4)) + (UUID[6], UUID[7]),
+            (*(f"{u}::{n}" for u in UUID[:6] for n in range(4)), UUID[6], UUID[7]),
             frozenset(range(6)),
             frozenset({6, 7}),
         ),
