@@ -194,6 +194,8 @@ def test_a_restarted_kubelet_gets_the_plugin_registered_again(tmp_path: Path) ->
     async def scenario() -> None:
         async with node_with_plugin(tmp_path, nvswitch_node(NODE, gpus=8)) as node:
             assert node.kubelet.registrations == 1
+            numa = node.kubelet.plugins["nvidia.com/gpu"].numa
+            assert numa == {g.uuid: (g.numa_node,) for g in node.topology.gpus}
             await node.kubelet.restart()
             assert not node.plugin.socket_path.exists()  # the kubelet removed it
             await node.kubelet.wait_for("nvidia.com/gpu")

@@ -55,6 +55,7 @@ class _Plugin:
     channel: grpc.aio.Channel
     stub: dp_grpc.DevicePluginStub
     devices: dict[str, str] = field(default_factory=dict)  # ID -> health
+    numa: dict[str, tuple[int, ...]] = field(default_factory=dict)  # ID -> NUMA nodes
     updates: int = 0
     task: asyncio.Task[None] | None = None
 
@@ -136,6 +137,7 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
         with contextlib.suppress(grpc.aio.AioRpcError):
             async for listed in plugin.stub.ListAndWatch(dp.Empty()):
                 plugin.devices = {d.ID: d.health for d in listed.devices}
+                plugin.numa = {d.ID: tuple(n.ID for n in d.topology.nodes) for d in listed.devices}
                 plugin.updates += 1
                 async with self.updated:
                     self.updated.notify_all()
