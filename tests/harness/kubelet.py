@@ -104,15 +104,17 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
             await plugin.channel.close()
         self.plugins.clear()
 
-    async def restart(self) -> None:
-        """Stop, delete every socket in the directory, serve a new kubelet.sock."""
+    async def restart(self) -> list[Path]:
+        """Stop, delete every socket in the directory, serve a new kubelet.sock; returns the
+        sockets it deleted."""
         await self._drop_plugins()
         if self._registration is not None:
             await self._registration.stop(grace=None)
-        for path in self.directory.iterdir():
-            if path.is_socket():
-                path.unlink()
+        removed = [path for path in self.directory.iterdir() if path.is_socket()]
+        for path in removed:
+            path.unlink()
         await self._start_registration()
+        return removed
 
     # --- Registration --------------------------------------------------------------------------
 
