@@ -105,6 +105,13 @@ LEADER_TRANSITIONS = counter(
 PROBE_RESULTS = counter("probe_results", "Peer probe results ingested.", prefix=_P)
 PROBE_PAIRS = gauge("probe_pairs", "Node pairs with a probe result.", prefix=_P)
 PROBE_LEVELS = gauge("probe_levels", "Latency levels inferred from probes (tiers + 1).", prefix=_P)
+GPU_CHOICE_MISMATCHES = counter(
+    "gpu_choice_mismatches",
+    "Pods the kubelet gave a GPU outside gputopo's record for them, by node (PodResources;"
+    " each also gets an Event). Per node on purpose: few series, and the node is the lead."
+    " Named as the node's own metrics (gputopo_, not gputopo_aggregator_): it is about the node.",
+    "node",
+)
 
 ALL: tuple[MetricSpec, ...] = tuple(
     v for v in list(globals().values()) if isinstance(v, MetricSpec)

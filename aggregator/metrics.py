@@ -101,6 +101,10 @@ class AggregatorCollector(Collector):
         res.add_metric(["committed"], sum(1 for r in reservations if r.committed))
         res.add_metric(["pending"], sum(1 for r in reservations if not r.committed))
         yield res
+        choices = family(names.GPU_CHOICE_MISMATCHES)
+        for node, n in sorted(state.choices.counts.items()):
+            choices.add_metric([node], n)
+        yield choices
 
     def _placement(self) -> Iterator[Metric]:
         stats = self.sources.placement

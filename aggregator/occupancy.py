@@ -43,7 +43,10 @@ __all__ = [
     "pod_use",
 ]
 
-GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu",)
+# Whole GPUs, and time-slicing replicas of NVIDIA's plugin renamed (renameByDefault): a replica
+# holds (a share of) one GPU, which is then not free for a whole-GPU placement.
+GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 RESERVATION_ANNOTATION = "gputopo.io/reservation"
 RECORDED_GPUS_ANNOTATION = "gputopo.io/gpus"  # the binder's record: "0,1,2,3"
 _DONE = frozenset({"Succeeded", "Failed"})
@@ -56,11 +59,15 @@ def pod_gpus(pod: Mapping[str, Any], resources: Collection[str] = GPU_RESOURCES)
 
     def ask(container: Mapping[str, Any]) -> int:
         res = container.get("resources") or {}
+        limits, requests = res.get("limits") or {}, res.get("requests") or {}
+        # MIG slices (nvidia.com/mig-<profile>) each hold a piece of some GPU: counted as one,
+        # conservatively, where the kubelet does not say which (claims.py, PodResources do).
+        mig = {n for n in (*limits, *requests) if str(n).startswith(MIG_RESOURCE_PREFIX)}
         total = 0
-        for name in resources:
-            value = (res.get("limits") or {}).get(name)
+        for name in (*resources, *sorted(mig)):
+            value = limits.get(name)
             if value is None:
-                value = (res.get("requests") or {}).get(name, 0)
+                value = requests.get(name, 0)
             try:
                 total += int(str(value))
             except ValueError:

@@ -30,6 +30,7 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from aggregator.changes import ChangeEvent, ChangeKind
+from aggregator.choices import Mismatch
 from aggregator.claimwatch import ClaimWatcher
 from aggregator.fabric import FabricSources
 from aggregator.http import HttpEndpoints
@@ -190,6 +191,8 @@ class Aggregator:
         # So are bound pods: what someone else's pods hold is not free for placement.
         self.pods = PodWatcher(self.state, kube) if kube is not None else None
         self.claims = ClaimWatcher(self.state, kube) if kube is not None else None
+        if kube is not None:  # a pod the kubelet gave other GPUs than recorded: say so on it
+            self.state.choices.listeners.append(self._mismatch_event)
         self.publisher = (
             LabelPublisher(self.state, kube, self.nodes, opts.publisher, out=out)
             if kube is not None and self.nodes is not None and opts.publish_labels
@@ -243,6 +246,7 @@ class Aggregator:
         )
         self._grpc: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._events: set[asyncio.Task[None]] = set()  # Events being written
         self._writers: list[asyncio.Task[None]] = []
         self.grpc_port = 0
         self.http_port = 0
@@ -283,6 +287,22 @@ class Aggregator:
     def _desired_labels(self, name: str) -> dict[str, str] | None:
         facts = node_facts(self.state, name)
         return desired_labels(facts, self.config.kube.publisher.scheme) if facts else None
+
+    def _mismatch_event(self, found: Mismatch) -> None:
+        namespace, name = found.pod.split("/", 1)
+        pod = {"kind": "Pod", "metadata": {"namespace": namespace, "name": name}}
+        assert self.kube is not None
+        event = self.kube.create_event(
+            pod,
+            reason="GpuChoiceMismatch",
+            message=found.message,
+            type_="Warning",
+            component="gputopo-aggregator",
+        )
+        task = asyncio.create_task(event, name="mismatch-event")
+        task.add_done_callback(_log_failure)
+        self._events.add(task)
+        task.add_done_callback(self._events.discard)
 
     async def start(self) -> None:
         """Bind and serve; returns once the servers accept connections."""
@@ -470,3 +490,8 @@ async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
     for task in tasks:
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("could not write an Event: %s", task.exception())

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aggregator.changes import ChangeEvent, ChangeKind
-from aggregator.claims import ClaimedDevice
+from aggregator.choices import ChoiceChecker
+from aggregator.claims import ClaimedDevice, located
 from aggregator.fabric import FabricSources, Resolution
 from aggregator.indexes import DomainIndex
 from aggregator.occupancy import Occupancy
@@ -103,6 +104,7 @@ class ClusterState:
         self._kubelet: dict[str, GpuUse] = {}
         # Devices of GPU drivers that DRA ResourceClaims hold, by claim (namespace/name), and
         # the same by node, which is what every free-GPU question asks.
+        self.choices = ChoiceChecker()
         self._claims: dict[str, tuple[ClaimedDevice, ...]] = {}
         self._claimed: dict[str, dict[str, tuple[ClaimedDevice, ...]]] = {}
         self.generation = 0
@@ -483,11 +485,11 @@ class ClusterState:
         use = self._kubelet.get(node)
         if use is not None and use.known:
             free = free.difference(use.held)
-        claimed = self.claimed(node)
-        free = free.difference(d.gpu for d in claimed if d.gpu is not None)
+        claimed, unlocated = located(self.claimed(node), rec.topology)  # DRA, by UUID
+        free = free.difference(claimed)
         counted, pinned = self._pods_holding(node)
         free = free.difference(pinned)
-        taken = counted + sum(1 for d in claimed if d.gpu is None)
+        taken = counted + unlocated
         if not taken:
             return free
         return frozenset(sorted(free)[: max(len(free) - taken, 0)])
@@ -515,6 +517,8 @@ class ClusterState:
             self._kubelet.pop(node, None)
         else:
             self._kubelet[node] = use
+            if use.known:  # trust, but verify the kubelet followed the records
+                self.choices.check(node, use, self.occupancy.pods(node))
         if node in self._nodes:
             self._changed(ChangeKind.ALLOCATION, node)
 

@@ -34,10 +34,11 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry
 
+from exporter.deviceplugin import DevicePlugin
 from exporter.discovery import Discovery, DiscoveryResult
 from exporter.health import HealthPolicy
 from exporter.metrics import ExporterView, register
-from exporter.nvml import Nvml
+from exporter.nvml import Nvml, XidEvents
 from exporter.podresources import PodResourcesReader
 from exporter.probes.results import ProbeResults
 from exporter.probes.runner import (
@@ -136,12 +137,15 @@ class Agent:
             clock=clock,
         )
         self.probes = ProbeResults()
+        self._mig_parents: dict[str, int] = {}  # MIG device UUID -> GPU, from discovery
         self.pod_resources = (
-            PodResourcesReader(config.pod_resources_socket)
+            PodResourcesReader(config.pod_resources_socket, mig_parents=lambda: self._mig_parents)
             if config.pod_resources_socket is not None
             else None
         )
         self.gpu_use: GpuUse | None = None
+        # The kubelet device plugin (`gputopo exporter --device-plugin`), set before `start`.
+        self.device_plugin: DevicePlugin | None = None
         self._rng = rng or random.Random()
         self.runner = ProbeRunner(
             results=self.probes,
@@ -188,6 +192,9 @@ class Agent:
             discovery_errors=dict(self._state.errors),
             probes=self.probes,
             stream=self.stream.stats if self.stream is not None else None,
+            gpu_use=self.gpu_use,
+            pod_resources=self.pod_resources is not None,
+            device_plugin=self.device_plugin.stats if self.device_plugin is not None else None,
         )
 
     # --- life -------------------------------------------------------------------------------
@@ -210,6 +217,9 @@ class Agent:
             self._spawn(self._gpu_probe_loop(), "gpu-probes")
         if self.pod_resources is not None:
             self._spawn(self._gpu_use_loop(), "pod-resources")
+        if self.device_plugin is not None:
+            self._spawn(self.device_plugin.run(), "device-plugin")
+            self._spawn(self._xid_loop(self.device_plugin), "xid-events")
         if self.config.aggregator:
             self._channel = report_channel(
                 self.config.aggregator, self.config.backoff, tls=self.config.tls
@@ -303,10 +313,14 @@ class Agent:
         for source, count in result.errors.items():
             self._state.errors[source] += count
         self._state.discovery = result
+        if self.pod_resources is not None and result.topology.nvml.up:
+            self._mig_parents = await asyncio.to_thread(self.nvml.mig_parents)
         self._log_nvml(before.topology.nvml if before else None, result.topology.nvml)
         changed = before is None or before.topology != result.topology
         if changed and self.stream is not None:
             self.stream.changed()
+        if changed and self.device_plugin is not None:
+            await self.device_plugin.devices_changed()
         self._discovered.set()
         return result
 
@@ -355,6 +369,21 @@ class Agent:
             except Exception:
                 log.exception("reading the kubelet's pod resources failed")
             await asyncio.sleep(self.config.pod_resources_interval_s)
+
+    # --- XID errors: a GPU that had one is not handed out ---------------------------------------
+
+    async def _xid_loop(self, plugin: DevicePlugin, *, timeout_ms: int = 1000) -> None:
+        events = XidEvents(self.nvml)
+        reason = await asyncio.to_thread(events.open)
+        if reason:
+            log.warning("device plugin: XID errors are not watched (%s)", reason)
+            return
+        try:
+            while True:
+                for gpu, xid in await asyncio.to_thread(events.wait, timeout_ms):
+                    await plugin.mark_unhealthy(gpu, f"XID {xid}")
+        finally:
+            await asyncio.to_thread(events.close)
 
     # --- probes -----------------------------------------------------------------------------
 
@@ -426,4 +455,13 @@ class Agent:
 
     def _readyz(self) -> ProbeResult:
         ready = self._discovered.is_set()
-        return ProbeResult(ready, {"ready": ready})
+        body: dict[str, object] = {"ready": ready}
+        if self.pod_resources is not None:
+            # Not a readiness condition (metrics and topology still flow), but the one place
+            # an operator sees why held GPUs are not known: e.g. the socket's directory is
+            # root-only and the exporter does not run as root.
+            use = self.gpu_use
+            body["pod_resources"] = (
+                "not read yet" if use is None else "ok" if use.known else use.reason
+            )
+        return ProbeResult(ready, body)

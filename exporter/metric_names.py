@@ -159,6 +159,24 @@ STREAM_FAILURES = _counter(
 STREAM_MESSAGES = _counter(
     "report_messages", "Reports sent, by kind (snapshot, delta, heartbeat).", "kind"
 )
+POD_RESOURCES_UP = _gauge(
+    "pod_resources_up",
+    "1 when the kubelet's PodResources API answered the last read; 0 with the reason when not"
+    " (no socket, no permission to open it, no answer): held GPUs are then not known.",
+    "reason",
+)
+DEVICE_PLUGIN_REGISTRATIONS = _counter(
+    "device_plugin_registrations",
+    "Registrations of the device plugin with the kubelet (one more after each kubelet restart).",
+    "resource",
+)
+DEVICE_PLUGIN_PREFERENCES = _counter(
+    "device_plugin_preferences",
+    "GetPreferredAllocation answers: record (the binder's GPUs), best (no record: the"
+    " link-graph-best set), race (more than one recorded pod fitted the request).",
+    "resource",
+    "outcome",
+)
 
 ALL: tuple[MetricSpec, ...] = tuple(
     v for v in list(globals().values()) if isinstance(v, MetricSpec)

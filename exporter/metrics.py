@@ -16,9 +16,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from exporter import metric_names as names
+from exporter.deviceplugin import DevicePluginStats
 from exporter.discovery import DiscoveryResult
 from exporter.probes.results import ProbeResults
 from exporter.stream import StreamStats
+from gputopo.gpu_use import GpuUse
 from gputopo.links import LinkHealth
 from gputopo.runtime.metrics import MetricSpec
 from gputopo.runtime.metrics import family as _family
@@ -41,6 +43,9 @@ class ExporterView:
     discovery_errors: Mapping[str, int] = field(default_factory=dict)
     probes: ProbeResults = field(default_factory=ProbeResults)
     stream: StreamStats | None = None
+    gpu_use: GpuUse | None = None  # None: PodResources is not read (or not yet)
+    pod_resources: bool = False  # whether it is read at all
+    device_plugin: DevicePluginStats | None = None
 
 
 class _Families:
@@ -82,6 +87,7 @@ class ExporterCollector(Collector):
             _readings(out, view.discovery, view.node_name)
         _probes(out, view.probes)
         _stream(out, view.stream)
+        _kubelet(out, view)
         yield from out
 
 
@@ -203,3 +209,20 @@ def _stream(out: _Families, stats: StreamStats | None) -> None:
     out.add(names.STREAM_MESSAGES, stats.snapshots_sent, "snapshot")
     out.add(names.STREAM_MESSAGES, stats.deltas_sent, "delta")
     out.add(names.STREAM_MESSAGES, stats.heartbeats_sent, "heartbeat")
+
+
+def _kubelet(out: _Families, view: ExporterView) -> None:
+    if view.pod_resources:
+        use = view.gpu_use
+        reason = "not read yet" if use is None else use.reason
+        out.add(names.POD_RESOURCES_UP, 0 if reason else 1, reason)
+    plugin = view.device_plugin
+    if plugin is not None:
+        out.add(names.DEVICE_PLUGIN_REGISTRATIONS, plugin.registrations, plugin.resource)
+        for outcome in ("record", "best", "race"):
+            out.add(
+                names.DEVICE_PLUGIN_PREFERENCES,
+                plugin.preferred.get(outcome, 0),
+                plugin.resource,
+                outcome,
+            )

@@ -53,7 +53,7 @@ from exporter.readings import (
 from gputopo.importers._lists import format_cpulist
 from gputopo.topology import NvmlStatus
 
-__all__ = ["NVLINK_MAX_LINKS", "Nvml", "NvmlLibrary"]
+__all__ = ["NVLINK_MAX_LINKS", "XID_APPLICATION_ERRORS", "Nvml", "NvmlLibrary", "XidEvents"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,11 @@ NVLINK_MAX_LINKS: int = pynvml.NVML_NVLINK_MAX_LINKS
 _NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
 _INVALID_ARGUMENT = pynvml.NVML_ERROR_INVALID_ARGUMENT
 _FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+_TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
+_XID_CRITICAL = pynvml.nvmlEventTypeXidCriticalError
+# XIDs an application causes (a bad kernel, a reset it asked for), which say nothing of the GPU:
+# NVIDIA's device plugin skips the same ones (NVIDIA/k8s-device-plugin, internal/rm/health.go).
+XID_APPLICATION_ERRORS = frozenset({13, 31, 43, 45, 68, 109})
 # An optional feature the GPU or driver lacks: an answer, not a problem.
 _ABSENT = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND})
 _P2P_READ = 0  # NVML_P2P_CAPS_INDEX_READ, which the wheel defines as the tuple (0,)
@@ -126,6 +131,12 @@ class NvmlLibrary(Protocol):
     def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, info: Any, /) -> int: ...  # noqa: N802 - info: a pointer (ctypes.byref)
     def nvmlDeviceGetUtilizationRates(self, handle: Any, /) -> Any: ...  # noqa: N802
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any, /) -> list[Any]: ...  # noqa: N802
+    def nvmlEventSetCreate(self) -> Any: ...  # noqa: N802
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any, /) -> int: ...  # noqa: N802
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int, /) -> Any: ...  # noqa: N802
+    def nvmlDeviceRegisterEvents(self, handle: Any, types: int, events: Any, /) -> None: ...  # noqa: N802
+    def nvmlEventSetWait_v2(self, events: Any, timeout_ms: int, /) -> Any: ...  # noqa: N802
+    def nvmlEventSetFree(self, events: Any, /) -> None: ...  # noqa: N802
 
 
 class _Calls:
@@ -248,6 +259,32 @@ class Nvml:
                 problems=tuple(calls.problems),
                 errors=calls.errors,
             )
+
+    def mig_parents(self) -> dict[str, int]:
+        """MIG device UUID -> the index of its GPU, for every MIG device that exists now (the
+        device plugin names MIG devices by these UUIDs); empty without MIG or NVML."""
+        with self._lock:
+            if not self._open().up:
+                return {}
+            calls = _Calls(self._lib.NVMLError)
+            found: dict[str, int] = {}
+            lib = self._lib
+            for index in range(calls.get("count", lib.nvmlDeviceGetCount) or 0):
+                handle = calls.get("handle", lib.nvmlDeviceGetHandleByIndex, index)
+                slots = (
+                    calls.get("mig count", lib.nvmlDeviceGetMaxMigDeviceCount, handle)
+                    if handle is not None
+                    else None
+                )
+                for slot in range(slots or 0):
+                    # An empty slot answers NOT_FOUND: expected, not a problem.
+                    mig = calls.get(
+                        "mig", lib.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot, absent=None
+                    )
+                    uuid = calls.get("mig uuid", lib.nvmlDeviceGetUUID, mig) if mig else None
+                    if uuid:
+                        found[uuid] = index
+            return found
 
     def activity(self) -> tuple[GpuActivity, ...]:
         """Utilisation and compute processes of every GPU; empty when NVML is down."""
@@ -434,3 +471,70 @@ def _p2p_status(value: int | None) -> P2pStatus | None:
         return P2pStatus(value)
     except ValueError:
         return P2pStatus.UNKNOWN
+
+
+class XidEvents:
+    """Critical XID errors of every GPU, from an NVML event set: what makes NVIDIA's device
+    plugin mark a GPU unhealthy. `open` registers every GPU that supports the event (a GPU that
+    does not is left out, and `open` says so); `wait` blocks up to `timeout_ms` (run it in a
+    thread) and returns `(GPU index, XID)` of the errors that came, application errors
+    (`XID_APPLICATION_ERRORS`) left out. Never raises for NVML's sake."""
+
+    def __init__(self, nvml: Nvml) -> None:
+        self._lib = nvml._lib  # the adapter's own library: this module is its home
+        self._nvml = nvml
+        self._set: Any = None
+        self._by_uuid: dict[str, int] = {}
+
+    def open(self) -> str:
+        """Register; "" when some GPU is watched, else why none is."""
+        if not self._nvml.open().up:
+            return f"NVML is not up: {self._nvml.status.reason}"
+        lib = self._lib
+        try:
+            self._set = lib.nvmlEventSetCreate()
+            count = lib.nvmlDeviceGetCount()
+        except lib.NVMLError as error:
+            return f"no NVML events: {error}"
+        skipped = []
+        for index in range(count):
+            try:
+                handle = lib.nvmlDeviceGetHandleByIndex(index)
+                lib.nvmlDeviceRegisterEvents(handle, _XID_CRITICAL, self._set)
+                self._by_uuid[lib.nvmlDeviceGetUUID(handle)] = index
+            except lib.NVMLError as error:
+                skipped.append(f"GPU{index}: {error}")
+        if skipped:
+            log.warning("XID errors are not watched on %s", "; ".join(skipped))
+        return "" if self._by_uuid else "no GPU supports XID events"
+
+    def wait(self, timeout_ms: int) -> list[tuple[int, int]]:
+        """The XID errors within `timeout_ms` (the first blocks; any more already queued)."""
+        lib = self._lib
+        found: list[tuple[int, int]] = []
+        wait_ms = timeout_ms
+        while self._set is not None:
+            try:
+                event = lib.nvmlEventSetWait_v2(self._set, wait_ms)
+            except lib.NVMLError as error:
+                if _code(error) != _TIMEOUT:
+                    log.warning("waiting for NVML events failed: %s", error)
+                return found
+            wait_ms = 0
+            if event.eventType != _XID_CRITICAL or event.eventData in XID_APPLICATION_ERRORS:
+                continue
+            try:
+                index = self._by_uuid.get(lib.nvmlDeviceGetUUID(event.device))
+            except lib.NVMLError:
+                index = None
+            if index is not None:
+                found.append((index, int(event.eventData)))
+        return found
+
+    def close(self) -> None:
+        if self._set is not None:
+            try:
+                self._lib.nvmlEventSetFree(self._set)
+            except self._lib.NVMLError as error:
+                log.debug("nvmlEventSetFree: %s", error)
+            self._set = None

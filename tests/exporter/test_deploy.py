@@ -64,7 +64,9 @@ def test_resources_probes_and_the_privilege_nvidias_agents_run_with() -> None:
     assert "--health-port=9405" in c["args"]
     security = c["securityContext"]
     assert security["privileged"] is True  # as dcgm-exporter: hardened runtimes need it
-    assert security["runAsNonRoot"] is True
+    # Root, as dcgm-exporter: the kubelet's pod-resources directory is 0750 root
+    # (tests/exporter/test_podresources_access.py reads it as this user).
+    assert security["runAsUser"] == 0
     assert security["readOnlyRootFilesystem"] is True
     assert security["seccompProfile"] == {"type": "RuntimeDefault"}
 
@@ -113,6 +115,7 @@ def test_the_nvidia_runtime_component_runs_it_there_unprivileged() -> None:
     assert "privileged" not in security
     assert security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["runAsUser"] == 0  # the owner of the kubelet's root-only directories
 
 
 @pytest.mark.kube

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any
 
 HELP = "run the node exporter: discover and probe this node's GPU topology, serve metrics, report"
 
@@ -73,6 +74,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="answer from a fake machine instead of NVML and /sys (see `gputopo machines`)",
     )
 
+    plugin = parser.add_argument_group(
+        "device plugin", "serve the kubelet so that pods get the GPUs gputopo recorded"
+    )
+    plugin.add_argument(
+        "--device-plugin",
+        default="",
+        metavar="RESOURCE",
+        help="serve the kubelet's device-plugin API for this resource: nvidia.com/gpu in place"
+        " of NVIDIA's plugin (turn that one off: GPU operator devicePlugin.enabled=false), or a"
+        " name of its own; empty (default): off. Lists this node's pods with the pod's"
+        " ServiceAccount (RBAC: list pods)",
+    )
+    plugin.add_argument(
+        "--device-plugin-dir",
+        default="/var/lib/kubelet/device-plugins",
+        metavar="DIR",
+        help="the kubelet's device-plugin directory (default %(default)s)",
+    )
+    plugin.add_argument(
+        "--device-id-strategy",
+        choices=("uuid", "index"),
+        default="uuid",
+        help="name GPUs by UUID or NVML index, as NVIDIA's deviceIDStrategy (default uuid)",
+    )
+    plugin.add_argument(
+        "--device-list-strategy",
+        default="envvar",
+        metavar="LIST",
+        help="how Allocate names the GPUs: envvar (NVIDIA_VISIBLE_DEVICES), cdi-cri (CDI device"
+        " names), or both comma-separated (default envvar)",
+    )
+    plugin.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        default=None,
+        help="where the device plugin lists pods from (default: the pod's ServiceAccount)",
+    )
+    plugin.add_argument(
+        "--pass-device-specs",
+        action="store_true",
+        help="also hand the device nodes (/dev/nvidia<minor>, nvidiactl, nvidia-uvm*)",
+    )
+
     add_tls_flags(parser, client=True)
     add_health_port_flag(parser)
 
@@ -90,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     from exporter.agent import Agent, AgentConfig
     from exporter.nvml import Nvml
     from exporter.probes.runner import ProbeSchedule
+    from gputopo.runtime.kube import KubeError
     from gputopo.runtime.tls import TlsUsageError, tls_from_args
 
     root = logging.getLogger()
@@ -148,7 +193,10 @@ def run(args: argparse.Namespace) -> int:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-            async with Agent(config, nvml=nvml) as agent:
+            agent = Agent(config, nvml=nvml)
+            if args.device_plugin:
+                agent.device_plugin = _device_plugin(args, node_name, agent)
+            async with agent:
                 print(
                     f"exporter {node_name}: metrics on {config.http_host}:{agent.http_port}, "
                     f"probes on {config.probe_host}:{agent.probe_port}",
@@ -163,7 +211,43 @@ def run(args: argparse.Namespace) -> int:
         except OSError as error:
             print(f"gputopo exporter: {error}", file=sys.stderr)
             return 1
+        except (ValueError, KubeError) as error:  # a bad device-plugin option, no API access
+            print(f"gputopo exporter: {error}", file=sys.stderr)
+            return 2
     return 0
+
+
+def _device_plugin(args: argparse.Namespace, node_name: str, agent: Any) -> Any:
+    """The device plugin over the agent's topology; pods from the API server (in-cluster)."""
+    from exporter.deviceplugin import (
+        DevicePlugin,
+        DevicePluginConfig,
+        kubelet_allocations,
+        node_pods,
+    )
+    from exporter.podresources import DEFAULT_SOCKET
+    from gputopo.runtime.kube import KubeClient
+
+    config = DevicePluginConfig(
+        node_name=node_name,
+        resource_name=args.device_plugin,
+        directory=Path(args.device_plugin_dir),
+        id_strategy=args.device_id_strategy,
+        list_strategies=tuple(s.strip() for s in args.device_list_strategy.split(",") if s),
+        pass_device_specs=args.pass_device_specs,
+    )
+    socket = _pod_resources_socket(args.pod_resources_socket, args.simulate) or DEFAULT_SOCKET
+    return DevicePlugin(
+        config,
+        lambda: agent.topology,
+        pods=node_pods(
+            KubeClient.from_kubeconfig(args.kubeconfig)
+            if args.kubeconfig
+            else KubeClient.in_cluster(),
+            node_name,
+        ),
+        allocated=kubelet_allocations(socket, config.resource_name),
+    )
 
 
 def _pod_resources_socket(given: str | None, simulate: str) -> Path | None:
