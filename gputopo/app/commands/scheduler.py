@@ -78,6 +78,13 @@ def run(args: argparse.Namespace) -> int:
     if args.reservation_ttl <= 0:
         print("gputopo scheduler: --reservation-ttl: must be > 0", file=sys.stderr)
         return 2
+    from gputopo.runtime.tls import TlsUsageError, tls_from_args
+
+    try:
+        tls = tls_from_args(args, component="scheduler", dials=True)
+    except TlsUsageError as err:
+        print(f"gputopo scheduler: {err}", file=sys.stderr)
+        return 2
     try:
         kube = (
             KubeClient.in_cluster()
@@ -89,13 +96,6 @@ def run(args: argparse.Namespace) -> int:
             f"gputopo scheduler: {'--in-cluster' if args.in_cluster else '--kubeconfig'}: {err}",
             file=sys.stderr,
         )
-        return 2
-    from gputopo.runtime.tls import TlsUsageError, tls_from_args
-
-    try:
-        tls = tls_from_args(args, component="scheduler")
-    except TlsUsageError as err:
-        print(f"gputopo scheduler: {err}", file=sys.stderr)
         return 2
     identity = args.identity or socket.gethostname()
     config = SchedulerProcessConfig(
