@@ -50,6 +50,7 @@ STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply (JSON is valid YAML)
 # The field manager gputopo's server-side applies are recorded under (Node labels).
 FIELD_MANAGER = "gputopo"
+_WRITES = frozenset({"POST", "PUT", "PATCH"})
 
 
 class KubeError(Exception):
@@ -244,6 +245,10 @@ class KubeClient:
         content_type: str = "application/json",
         stream: bool = False,
     ) -> Any:
+        if method in _WRITES and "fieldManager" not in (query or {}):
+            # Every write under one name, so `managedFields` says gputopo (not the client
+            # library's default, `OpenAPI-Generator`) and server-side apply can tell our fields.
+            query = {**(query or {}), "fieldManager": FIELD_MANAGER}
         url_path = path + (f"?{urlencode(query)}" if query else "")
         headers = {"Accept": "application/json"}
         if body is not None:
