@@ -632,6 +632,34 @@ class KubeClient:
             body["firstTimestamp"] = body["lastTimestamp"] = now
         await self.request("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body=body)
 
+    # --- what this client may do ---------------------------------------------------------------
+
+    async def can_i(
+        self,
+        verb: str,
+        resource: str,
+        *,
+        group: str = "",
+        namespace: str = "",
+        subresource: str = "",
+        name: str = "",
+    ) -> bool:
+        """Whether the API server's authorizer allows this client `verb` on `resource`
+        (a SelfSubjectAccessReview, which every authenticated user may create)."""
+        attributes = {"verb": verb, "resource": resource, "group": group}
+        for key, value in (("namespace", namespace), ("subresource", subresource), ("name", name)):
+            if value:
+                attributes[key] = value
+        body = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attributes},
+        }
+        answer = await self.request(
+            "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body=body
+        )
+        return bool((answer.get("status") or {}).get("allowed"))
+
     # --- custom resources (cluster-scoped scheduler objects) ----------------------------------
 
     @staticmethod
