@@ -13,7 +13,9 @@ run (same object, other spec).
 from __future__ import annotations
 
 import copy
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +27,7 @@ from tests.deploy.manifests import (
     DEPLOY,
     KINDS,
     OVERLAYS,
+    build,
     every_object,
     overlay,
     render,
@@ -165,3 +168,37 @@ def test_every_manifest_applies_server_side(
                 doc["metadata"].setdefault("labels", {}).update(kube_scope.labels)
                 response = _apply(session, doc, dry_run=True)
                 assert response.ok, (name, doc["kind"], doc["metadata"]["name"], response.body)
+
+
+def test_the_default_overlay_applies_with_its_namespaces_renamed_in_one_place(
+    kube_apiserver: KubeApiServer, kube_scope: KubeScope, tmp_path: Path
+) -> None:
+    """settings.yaml alone changed, as an operator would: every object lands in the new
+    namespaces and the server accepts them (the bindings' subjects and the exporters' address
+    follow, test_overlays.py checks the fields)."""
+    system, exporters = kube_scope.name("sys"), kube_scope.name("exp")
+    root = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, root)
+    settings = root / "overlays" / "default" / "settings.yaml"
+    text = settings.read_text(encoding="utf-8")
+    text = text.replace("namespace: gputopo-system", f"namespace: {system}")
+    text = text.replace("exporterNamespace: gputopo-exporter", f"exporterNamespace: {exporters}")
+    settings.write_text(text, encoding="utf-8")
+    docs = build(root / "overlays" / "default")
+    assert {d["metadata"].get("namespace") for d in docs} == {None, system, exporters}
+    docs.sort(key=lambda d: 0 if d["kind"] == "Namespace" else 1)
+    with kube_apiserver.json_session() as session:
+        for doc in docs:
+            doc["metadata"].setdefault("labels", {}).update(kube_scope.labels)
+            if doc["kind"] in ("ClusterRole", "ClusterRoleBinding", "PriorityClass"):
+                continue  # cluster-wide and named as shipped: the other test applies them
+            response = _apply(session, doc)
+            assert response.ok, (doc["kind"], doc["metadata"]["name"], response.body)
+        ds = session.request(
+            "GET", f"/apis/apps/v1/namespaces/{exporters}/daemonsets/gputopo-exporter"
+        ).body
+        env = {
+            e["name"]: e.get("value")
+            for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        assert env["GPUTOPO_AGGREGATOR"] == f"gputopo-aggregator.{system}.svc:50051"
