@@ -210,3 +210,13 @@ def test_the_exporter_node_label_component_selects_the_label_of_the_settings() -
         ]["nodeSelectorTerms"]
     ]
     assert keys == ["nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present"]
+
+
+def test_no_tls_dev_args_parse_as_plain_text() -> None:
+    from gputopo.app.cli import _parser
+
+    for name, container in _containers(overlay("no-tls-dev")).items():
+        args = _expanded(container, "gputopo-system")
+        parsed = _parser().parse_args(args)
+        assert parsed.insecure, name
+        assert (parsed.tls_cert, parsed.tls_key, parsed.tls_ca) == (None, None, None), name

@@ -40,7 +40,7 @@ from gputopo.runtime.tls import (
     ssl_server_context,
     tls_from_args,
 )
-from tests.deploy.manifests import every_object
+from tests.deploy.manifests import every_object, overlay
 
 NOW = datetime.datetime(2026, 11, 25, tzinfo=datetime.UTC)
 DIALLED = "gputopo-aggregator.gputopo-system.svc"
@@ -238,3 +238,25 @@ def test_the_issued_certificates_give_mutual_tls_under_the_names_dialled(tmp_pat
         return statuses
 
     assert asyncio.run(body()) == [200, 200]
+
+
+_USAGES = {"server auth": SERVER_AUTH, "client auth": CLIENT_AUTH}
+
+
+def test_cert_manager_asks_for_what_gputopo_certs_makes() -> None:
+    """deploy/optional/cert-manager and `gputopo certs`: the same Secrets, names and purposes."""
+    docs = overlay("default", components=("optional/cert-manager",))
+    certificates = {
+        (d["metadata"]["namespace"], d["spec"]["secretName"]): d["spec"]
+        for d in docs
+        if d["kind"] == "Certificate" and not d["spec"].get("isCA")
+    }
+    specs = default_secrets(namespace="gputopo-system", exporter_namespace="gputopo-exporter")
+    assert set(certificates) == {(s.namespace, s.name) for s in specs}
+    for spec in specs:
+        cert = certificates[(spec.namespace, spec.name)]
+        assert cert["commonName"] == spec.common_name
+        assert tuple(cert.get("dnsNames", ())) == spec.dns_names
+        usages = {_USAGES[u] for u in cert["usages"] if u in _USAGES}
+        assert usages == set(spec.usages), spec.name
+        assert cert["issuerRef"]["name"] == "gputopo-ca"
