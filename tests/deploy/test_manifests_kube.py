@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gputopo.app.cli import main
 from tests.aggregator.kubeutil import CRDS as CRD_DIR
 from tests.deploy.manifests import (
     COMPONENTS,
@@ -202,3 +203,27 @@ def test_the_default_overlay_applies_with_its_namespaces_renamed_in_one_place(
             for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]
         }
         assert env["GPUTOPO_AGGREGATOR"] == f"gputopo-aggregator.{system}.svc:50051"
+        # The Secrets `gputopo certs` writes for the same namespaces: accepted as kubernetes.io/tls
+        # Secrets, one for every secret volume of the rendered workloads.
+        out = tmp_path / "pki"
+        argv = ["certs", "--out", str(out), "--namespace", system]
+        assert main([*argv, "--exporter-namespace", exporters]) == 0
+        secrets = [d for d in yaml.safe_load_all((out / "secrets.yaml").read_text()) if d]
+        for secret in secrets:
+            secret["metadata"]["labels"].update(kube_scope.labels)
+            ns, name = secret["metadata"]["namespace"], secret["metadata"]["name"]
+            response = session.request(
+                "PATCH",
+                f"/api/v1/namespaces/{ns}/secrets/{name}?fieldManager=gputopo-deploy-test",
+                body=secret,
+                content_type=APPLY,
+            )
+            assert response.ok, (ns, name, response.body)
+        mounted = {
+            (d["metadata"]["namespace"], v["secret"]["secretName"])
+            for d in docs
+            if d["kind"] in ("Deployment", "DaemonSet")
+            for v in d["spec"]["template"]["spec"]["volumes"]
+            if "secret" in v
+        }
+        assert mounted <= {(s["metadata"]["namespace"], s["metadata"]["name"]) for s in secrets}
