@@ -7,8 +7,12 @@ output, committed so that Grafana provisioning (or an import) needs no Python; a
 them and fails when they are stale, and a Prometheus test proves every panel's query returns data
 from a running aggregator, exporters and binder.
 
-Per-node views use the exporters' labels: per-GPU series carry `Hostname`, link series are joined
-to their node through `gputopo_exporter_info` on the scrape's `instance`.
+Per-node views use the exporters' labels: per-GPU series carry `hostname` (dcgm-exporter's
+current spelling), link series are joined to their node through `gputopo_exporter_info` on the
+scrape's `instance`. Counters are plotted as `rate()`/`increase()` over the panel's rate
+interval, never raw (a raw counter only ever climbs and resets on restart). Measured and nominal
+bandwidth are compared over the same links: the nominal sum keeps only links that have a
+measurement (`and on(instance, a, b)`).
 """
 
 from __future__ import annotations
@@ -155,10 +159,15 @@ def cluster() -> dashboard.Dashboard:
                 "Measured vs nominal bandwidth, by link kind",
                 [
                     (f"sum by (kind) ({measured})", "measured {{kind}}"),
-                    (f"sum by (kind) ({nominal})", "nominal {{kind}}"),
+                    (
+                        f"sum by (kind) ({nominal} and on(instance, a, b) {measured})",
+                        "nominal {{kind}}",
+                    ),
                 ],
                 unit="Bps",
-                description="Sums over every link with a measurement, per direction.",
+                description=(
+                    "Both sums over the same links, those with a measurement, per direction."
+                ),
             )
         )
         .with_panel(
@@ -187,11 +196,11 @@ def node() -> dashboard.Dashboard:
     return (
         base("gputopo-node", "gputopo / Node GPU links", "One node's GPUs and links.")
         .with_variable(choose)
-        .with_panel(grid("GPUs", f'{sample(exp.GPU_INFO)}{{Hostname="$node"}}'))
+        .with_panel(grid("GPUs", f'{sample(exp.GPU_INFO)}{{hostname="$node"}}'))
         .with_panel(
             series(
                 "NVLink lanes active per GPU",
-                [(f'{sample(exp.GPU_NVLINK_ACTIVE_LANES)}{{Hostname="$node"}}', "GPU {{gpu}}")],
+                [(f'{sample(exp.GPU_NVLINK_ACTIVE_LANES)}{{hostname="$node"}}', "GPU {{gpu}}")],
             )
         )
         .with_panel(
@@ -290,15 +299,20 @@ def binder() -> dashboard.Dashboard:
         .with_panel(
             series(
                 "Decisions by outcome",
-                [(f"sum by (outcome) ({sample(sched.DECISIONS)})", "{{outcome}}")],
+                [
+                    (
+                        f"sum by (outcome) (increase({sample(sched.DECISIONS)}[{RATE}]))",
+                        "{{outcome}}",
+                    )
+                ],
             )
         )
         .with_panel(
             series(
                 "Bind calls and repairs",
                 [
-                    (f"sum({sample(sched.BIND_ATTEMPTS)})", "bind calls"),
-                    (f"sum({sample(sched.REPAIRS)})", "repairs"),
+                    (f"sum(increase({sample(sched.BIND_ATTEMPTS)}[{RATE}]))", "bind calls"),
+                    (f"sum(increase({sample(sched.REPAIRS)}[{RATE}]))", "repairs"),
                 ],
             )
         )

@@ -215,6 +215,13 @@ class Agent:
         self._spawn(self._discovery_loop(), "discovery")
         if self.config.gpu_probes:
             self._spawn(self._gpu_probe_loop(), "gpu-probes")
+        else:  # every exporter says per probe whether it runs, and why not
+            self.runner.off(
+                GPU_PROBE,
+                "simulated machine: no GPU or CUDA here is real (--simulate)"
+                if self.config.simulated
+                else "turned off (--no-gpu-probes)",
+            )
         if self.pod_resources is not None:
             self._spawn(self._gpu_use_loop(), "pod-resources")
         if self.device_plugin is not None:
@@ -244,6 +251,10 @@ class Agent:
                 self._spawn(rotation, "tls-rotation")
             if self.config.peer_probes:
                 self._spawn(self._peer_probe_loop(), "peer-probes")
+            else:
+                self.runner.off(TCP_PROBE, "turned off (--no-peer-probes)")
+        else:
+            self.runner.off(TCP_PROBE, "no aggregator to name peers (--aggregator)")
         log.info(
             "exporter for %s: metrics on %s:%d, probes on %s:%d, reporting to %s",
             self.config.node_name,

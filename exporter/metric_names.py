@@ -7,11 +7,17 @@ every process): the `gputopo_` prefix, base units (bytes per second, seconds), `
 for counters; bandwidth here is bytes/s per direction, where the rest of gputopo says GB/s.
 
 Labels: every per-GPU series carries DCGM exporter's own GPU labels, spelt and formatted as it
-does (`GPU_LABELS`: `gpu` the NVML index, `UUID`, `pci_bus_id` as `00000000:18:00.0`,
-`Hostname` the node), so `gputopo_gpu_info * on(UUID) group_left DCGM_FI_DEV_GPU_UTIL` and the
-like join without relabelling. A link's ends `a` and `b` are device names such as `gpu0`,
-`nic3`, `numa1`; `kind` the link kind (NVLINK, PIX, ... SYS) and `code` nvidia-smi's cell
-(NV18, PXB); `state` is `ok`, `degraded` or `down`.
+does (`GPU_LABELS`: `gpu` the NVML index, `UUID`, `pci_bus_id` as `00000000:18:00.0`, `device`
+as `nvidia0`, `modelName` the GPU's name, and the host as both `hostname`, current releases'
+spelling, and `Hostname`, that of releases up to 3.x), so `gputopo_gpu_info * on(UUID)
+group_left DCGM_FI_DEV_GPU_UTIL` and the like join without relabelling. The host is the node's
+name: dcgm-exporter writes `$NODE_NAME` when set (its chart sets it to the pod's node) and the OS
+hostname otherwise (internal/pkg/hostname/hostname.go, getLocalHostname), and gputopo's
+exporter names its node the same way (`NODE_NAME`, else the hostname). `gpu_p2p_status` carries
+them for its GPU (`peer` is the other GPU's UUID); link series carry them for the link's first
+GPU end (`a`, or `b` when `a` is not a GPU; empty for a link without one). A link's ends `a` and
+`b` are device names such as `gpu0`, `nic3`, `numa1`; `kind` the link kind (NVLINK, PIX, ...
+SYS) and `code` nvidia-smi's cell (NV18, PXB); `state` is `ok`, `degraded` or `down`.
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ from gputopo.runtime.metrics import MetricSpec, counter, gauge
 
 __all__ = ["ALL", "GPU_LABELS", "MetricSpec"]
 
-# dcgm-exporter's per-GPU labels (its render_metrics template; `Hostname` as its releases up to
-# 3.x spell it), first on every per-GPU family here.
-GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "Hostname")
+# dcgm-exporter's per-GPU labels (internal/pkg/rendermetrics/render_metrics.go, its metrics
+# template: gpu, UUID, pci_bus_id, device, modelName, hostname; `Hostname` as its releases up to
+# 3.x spelt it), first on every per-GPU family here.
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "hostname")
 
 
 def _gauge(name: str, help_text: str, *labels: str) -> MetricSpec:
@@ -81,13 +88,14 @@ GPU_PCIE_WIDTH = _gauge(
 GPU_P2P_STATUS = _gauge(
     "gpu_p2p_status",
     "NVML P2P read status of a GPU pair (1 for its status: OK, CNS, GNS, TNS, DR, NS, U).",
-    "gpu",
+    *GPU_LABELS,
     "peer",
     "status",
 )
 LINK_NOMINAL = _gauge(
     "link_bandwidth_nominal_bytes_per_second",
     "Facts-table bandwidth of a link as it is now, per direction.",
+    *GPU_LABELS,
     "a",
     "b",
     "kind",
@@ -96,13 +104,21 @@ LINK_NOMINAL = _gauge(
 LINK_MEASURED = _gauge(
     "link_bandwidth_measured_bytes_per_second",
     "Last probe measurement of a link, per direction.",
+    *GPU_LABELS,
     "a",
     "b",
     "kind",
     "method",
 )
 LINK_HEALTH = _gauge(
-    "link_health", "A link's health (1 for its current state).", "a", "b", "kind", "state", "reason"
+    "link_health",
+    "A link's health (1 for its current state).",
+    *GPU_LABELS,
+    "a",
+    "b",
+    "kind",
+    "state",
+    "reason",
 )
 DEGRADED_LINKS = _gauge("degraded_links", "Links whose health is not ok.")
 PROBE_AVAILABLE = _gauge(

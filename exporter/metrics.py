@@ -119,7 +119,7 @@ def _topology(out: _Families, topology: NodeTopology) -> None:
     out.add(names.NICS, len(topology.nics))
     out.add(names.NUMA_NODES, len(topology.numa_nodes))
     for g in topology.gpus:
-        ids = _gpu_labels(g.index, g.uuid, g.pci_bus_id, topology.name)
+        ids = _gpu_labels(g.index, g.uuid, g.pci_bus_id, g.name, topology.name)
         numa = "" if g.numa_node is None else str(g.numa_node)
         out.add(names.GPU_INFO, 1, *ids, g.name, numa)
         out.add(names.GPU_HEALTH, 1, *ids, g.health.name.lower(), g.health_reason)
@@ -127,10 +127,13 @@ def _topology(out: _Families, topology: NodeTopology) -> None:
         out.add(names.GPU_NVLINK_MAX_LANES, g.nvlink_max_lanes, *ids)
     for link in topology.links:
         a, b, kind = str(link.a), str(link.b), link.kind.name
-        out.add(names.LINK_NOMINAL, link.nominal_gbps * _GB, a, b, kind, link.code)
+        ids = _link_gpu_labels(topology, a, b)
+        out.add(names.LINK_NOMINAL, link.nominal_gbps * _GB, *ids, a, b, kind, link.code)
         if link.measured is not None:
-            out.add(names.LINK_MEASURED, link.measured.gbps * _GB, a, b, kind, link.measured.method)
-        out.add(names.LINK_HEALTH, 1, a, b, kind, link.health.name.lower(), link.health_reason)
+            method = link.measured.method
+            out.add(names.LINK_MEASURED, link.measured.gbps * _GB, *ids, a, b, kind, method)
+        health = link.health.name.lower()
+        out.add(names.LINK_HEALTH, 1, *ids, a, b, kind, health, link.health_reason)
     degraded = sum(1 for lk in topology.links if lk.health is not LinkHealth.OK)
     out.add(names.DEGRADED_LINKS, degraded)
 
@@ -150,15 +153,32 @@ def dcgm_bus_id(bus_id: str) -> str:
     return bus_id
 
 
-def _gpu_labels(index: int, uuid: str, bus_id: str, node: str) -> tuple[str, str, str, str]:
-    """The values of `names.GPU_LABELS` for one GPU."""
-    return str(index), uuid, dcgm_bus_id(bus_id), node
+def _gpu_labels(index: int, uuid: str, bus_id: str, model: str, node: str) -> tuple[str, ...]:
+    """The values of `names.GPU_LABELS` for one GPU (`device` as dcgm-exporter forms it:
+    `nvidia` and the index, internal/pkg/collector/base_collector.go)."""
+    return str(index), uuid, dcgm_bus_id(bus_id), f"nvidia{index}", model, node, node
+
+
+_NO_GPU = ("",) * len(names.GPU_LABELS)
+
+
+def _link_gpu_labels(topology: NodeTopology, a: object, b: object) -> tuple[str, ...]:
+    """The GPU labels of a link's first GPU end (`a`, else `b`), empty without one."""
+    by_name = {f"gpu{g.index}": g for g in topology.gpus}
+    for end in (str(a), str(b)):
+        g = by_name.get(end)
+        if g is not None:
+            return _gpu_labels(g.index, g.uuid, g.pci_bus_id, g.name, topology.name)
+    return _NO_GPU
 
 
 def _readings(out: _Families, result: DiscoveryResult, node: str) -> None:
     uuids = {g.index: g.uuid for g in result.nvml.gpus}
+    labels = {
+        g.index: _gpu_labels(g.index, g.uuid, g.pci_bus_id, g.name, node) for g in result.nvml.gpus
+    }
     for g in result.nvml.gpus:
-        ids = _gpu_labels(g.index, g.uuid, g.pci_bus_id, node)
+        ids = labels[g.index]
         for which, gen, width in (
             ("current", g.pcie_generation, g.pcie_width),
             ("max", g.pcie_max_generation, g.pcie_max_width),
@@ -174,9 +194,8 @@ def _readings(out: _Families, result: DiscoveryResult, node: str) -> None:
         if pair.p2p_read is None:
             continue
         for me, peer in ((pair.a, pair.b), (pair.b, pair.a)):
-            out.add(
-                names.GPU_P2P_STATUS, 1, str(me), uuids.get(peer, str(peer)), pair.p2p_read.code
-            )
+            ids = labels.get(me, (str(me), *_NO_GPU[1:]))
+            out.add(names.GPU_P2P_STATUS, 1, *ids, uuids.get(peer, str(peer)), pair.p2p_read.code)
 
 
 def _probes(out: _Families, probes: ProbeResults) -> None:

@@ -15,6 +15,7 @@ import grpc
 
 from exporter.stream import ReportStream, report_channel
 from gputopo.runtime.backoff import Backoff
+from gputopo.runtime.tls import TlsFiles
 from gputopo.topology import NodeTopology
 
 __all__ = ["SimulatedExporters"]
@@ -33,11 +34,13 @@ class SimulatedExporters:
         target: str,
         heartbeat_interval_s: float = 5.0,
         backoff: Backoff = _SIMULATED_BACKOFF,
+        tls: TlsFiles | None = None,
     ) -> None:
         self._topologies = {t.name: t for t in topologies}
         self._target = target
         self._heartbeat_s = heartbeat_interval_s
         self._backoff = backoff
+        self._tls = tls  # mutual TLS to an aggregator that requires it
         self._channel: grpc.aio.Channel | None = None
         self.streams: dict[str, ReportStream] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -52,7 +55,7 @@ class SimulatedExporters:
         self.streams[topology.name].changed()
 
     async def __aenter__(self) -> SimulatedExporters:
-        self._channel = report_channel(self._target, self._backoff)
+        self._channel = report_channel(self._target, self._backoff, tls=self._tls)
         for name in self._topologies:
             stream = ReportStream(
                 node_name=name,

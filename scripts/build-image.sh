@@ -91,14 +91,16 @@ say "2/4 wheels of this checkout and its runtime dependencies"
 # build/ directory there, whose stale copies of deleted modules a later wheel would ship.
 mkdir -p "${work}/src"
 git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xf - -C "${work}/src"
-"${PY}" -m pip wheel --quiet --disable-pip-version-check -w "${work}/wheels" "${work}/src" >&2
+# With the `cuda` extra: cuda-bindings, so the exporter's GPU copy probes can run wherever the
+# NVIDIA runtime gives the container a driver (without one they say why, never crash).
+"${PY}" -m pip wheel --quiet --disable-pip-version-check -w "${work}/wheels" "${work}/src[cuda]" >&2
 mkdir -p "${rootfs}/tmp/wheels"
 cp "${work}"/wheels/*.whl "${rootfs}/tmp/wheels/"
 # env -i: nothing of this machine's environment (pip settings, proxies) reaches the image.
 in_root() { chroot "${rootfs}" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root "$@"; }
 in_root /usr/bin/python3 -m venv /opt/gputopo
 in_root /opt/gputopo/bin/pip install --quiet --no-index --no-compile \
-  --disable-pip-version-check --find-links /tmp/wheels gputopo >&2
+  --disable-pip-version-check --find-links /tmp/wheels 'gputopo[cuda]' >&2
 rm -rf "${rootfs}/tmp/wheels"
 find "${rootfs}/opt/gputopo" -name __pycache__ -type d -prune -exec rm -rf {} +
 ln -sf /opt/gputopo/bin/gputopo "${rootfs}/usr/local/bin/gputopo"

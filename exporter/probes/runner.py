@@ -212,8 +212,19 @@ class ProbeRunner:
         self._peer_probe = peer_probe
 
     def not_yet(self, probe: str) -> None:
-        """Say in the metrics that `probe` has not run a round yet (until its first does)."""
+        """Say in the metrics that `probe` has not run a round yet (until its first does); for
+        the GPU probe, say at once when it cannot run at all (cuda-bindings missing), so an
+        operator does not wait for the first round to learn it."""
+        if probe == GPU_PROBE:
+            installed, why = self._gpu.installed()
+            if not installed:
+                self.results.available[GPU_PROBE] = (False, why)
+                return
         self.results.available.setdefault(probe, (False, NOT_YET_PROBED))
+
+    def off(self, probe: str, reason: str) -> None:
+        """Say in the metrics that `probe` will not run here, and why."""
+        self.results.available[probe] = (False, reason)
 
     def wait_s(self, *, first: bool = False) -> float:
         """Seconds until the next round, jittered."""

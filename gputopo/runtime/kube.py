@@ -50,6 +50,7 @@ STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply (JSON is valid YAML)
 # The field manager gputopo's server-side applies are recorded under (Node labels).
 FIELD_MANAGER = "gputopo"
+_WRITES = frozenset({"POST", "PUT", "PATCH"})
 
 
 class KubeError(Exception):
@@ -244,6 +245,10 @@ class KubeClient:
         content_type: str = "application/json",
         stream: bool = False,
     ) -> Any:
+        if method in _WRITES and "fieldManager" not in (query or {}):
+            # Every write under one name, so `managedFields` says gputopo (not the client
+            # library's default, `OpenAPI-Generator`) and server-side apply can tell our fields.
+            query = {**(query or {}), "fieldManager": FIELD_MANAGER}
         url_path = path + (f"?{urlencode(query)}" if query else "")
         headers = {"Accept": "application/json"}
         if body is not None:
@@ -626,6 +631,34 @@ class KubeClient:
         if now:
             body["firstTimestamp"] = body["lastTimestamp"] = now
         await self.request("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body=body)
+
+    # --- what this client may do ---------------------------------------------------------------
+
+    async def can_i(
+        self,
+        verb: str,
+        resource: str,
+        *,
+        group: str = "",
+        namespace: str = "",
+        subresource: str = "",
+        name: str = "",
+    ) -> bool:
+        """Whether the API server's authorizer allows this client `verb` on `resource`
+        (a SelfSubjectAccessReview, which every authenticated user may create)."""
+        attributes = {"verb": verb, "resource": resource, "group": group}
+        for key, value in (("namespace", namespace), ("subresource", subresource), ("name", name)):
+            if value:
+                attributes[key] = value
+        body = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attributes},
+        }
+        answer = await self.request(
+            "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body=body
+        )
+        return bool((answer.get("status") or {}).get("allowed"))
 
     # --- custom resources (cluster-scoped scheduler objects) ----------------------------------
 

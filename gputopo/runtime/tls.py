@@ -24,6 +24,8 @@ from typing import cast
 
 import grpc
 
+from gputopo.runtime.pki import CLIENT_AUTH, SERVER_AUTH, missing_purposes
+
 __all__ = [
     "ROTATION_CHECK_S",
     "TlsFiles",
@@ -31,6 +33,7 @@ __all__ = [
     "add_health_port_flag",
     "add_tls_flags",
     "channel_credentials",
+    "check_purposes",
     "follow_rotation",
     "server_credentials",
     "ssl_client_context",
@@ -122,11 +125,17 @@ def tls_from_args(
     component: str,
     require_choice: bool = True,
     warn: bool = True,
+    dials: bool = False,
 ) -> TlsFiles | None:
     """The TLS files the flags name, or None for plain text (`--insecure`).
 
     `require_choice=False` lets a command still start in plain text without any TLS flag (with
     the same WARNING) while its callers learn to say `--insecure`; the manifests never rely on it.
+
+    Every process serves HTTPS with its certificate, so it must allow `serverAuth`; `dials`
+    (exporter, scheduler: they call the aggregator with it) adds `clientAuth`. A certificate
+    without the EKU its process needs is refused here, naming the EKU, instead of failing each
+    handshake with a message only the peer logs (`check_purposes`).
 
     `warn=False` leaves the plain-text WARNING to the caller (`warn_plaintext`), for a command that
     checks the rest of its input first: a bad input file is then its only line.
@@ -159,7 +168,37 @@ def tls_from_args(
                 pass
         except OSError as exc:
             raise TlsUsageError(f"{name} {value}: {exc.strerror or exc}") from None
-    return TlsFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
+    files = TlsFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
+    check_purposes(files, component=component, dials=dials)
+    return files
+
+
+def check_purposes(files: TlsFiles, *, component: str, dials: bool) -> None:
+    """Raise TlsUsageError when the certificate lacks an extended key usage `component` needs.
+
+    The message names the missing EKU, what it is for, and how to get a certificate with it:
+    the one line an operator needs, where otherwise the server would log `unsupported
+    certificate purpose` and the client only `Socket closed`.
+    """
+    needed = [SERVER_AUTH, CLIENT_AUTH] if dials else [SERVER_AUTH]
+    try:
+        missing = missing_purposes(files.cert.read_bytes(), needed)
+    except (OSError, ValueError) as exc:
+        raise TlsUsageError(f"--tls-cert {files.cert}: not a PEM certificate ({exc})") from None
+    if not missing:
+        return
+    why = {
+        SERVER_AUTH: f"the {component} serves TLS (gRPC, /metrics) with it",
+        CLIENT_AUTH: f"the {component} dials the aggregator with it",
+    }
+    first = missing[0]
+    has = [p for p in needed if p not in missing]
+    raise TlsUsageError(
+        f"--tls-cert {files.cert}: the certificate lacks the extended key usage (EKU) {first}"
+        f" ({why[first]}){'; it allows only ' + has[0] if has else ''}; reissue it with"
+        f" {' and '.join(needed)} (`gputopo certs` does; cert-manager: usages"
+        f" [{', '.join(u.replace('Auth', ' auth') for u in needed)}])"
+    )
 
 
 def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:

@@ -28,6 +28,7 @@ from tests.aggregator.kubeutil import (
     run,
 )
 from tests.builders import fabric_cluster
+from tests.deploy.manifests import overlay
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
 
@@ -65,6 +66,8 @@ def test_the_kustomization_lists_every_manifest_and_the_parts_fit() -> None:
             "Deployment",
             "Service",
             "Service",
+            "PriorityClass",
+            "PodDisruptionBudget",
         ]
     )
     by_kind = {d["kind"]: d for d in manifests()}
@@ -191,16 +194,20 @@ async def _true(value: bool) -> bool:
 def test_the_network_policy_passes_the_api_servers_validation(
     kube_apiserver: KubeApiServer, kube_scope: KubeScope
 ) -> None:
-    """Kept out of the kustomization (its node CIDR is the operator's): valid once filled in."""
-    text = (DEPLOY / "optional" / "networkpolicy.yaml").read_text(encoding="utf-8")
-    assert "NODE_CIDR" in text
-    doc = yaml.safe_load(text.replace("NODE_CIDR", "10.0.0.0/16"))
+    """The optional component as the default overlay renders it: valid as shipped (its node
+    CIDR comes from the overlay's settings), and a bad CIDR is refused."""
+    (doc,) = [
+        d
+        for d in overlay("default", components=("optional/networkpolicy",))
+        if d["kind"] == "NetworkPolicy"
+    ]
     assert doc["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": NAME}
+    del doc["metadata"]["namespace"]
     path = (
         f"/apis/networking.k8s.io/v1/namespaces/{kube_scope.namespace}/networkpolicies?dryRun=All"
     )
     with kube_apiserver.json_session() as session:
         response = session.request("POST", path, body=doc)
         assert response.ok, response.body
-        bad = yaml.safe_load(text.replace("NODE_CIDR", "not-a-cidr"))
-        assert not session.request("POST", path, body=bad).ok
+        doc["spec"]["ingress"][0]["from"][0]["ipBlock"]["cidr"] = "not-a-cidr"
+        assert not session.request("POST", path, body=doc).ok

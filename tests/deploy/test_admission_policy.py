@@ -1,4 +1,4 @@
-"""The ValidatingAdmissionPolicies of deploy/aggregator/optional, evaluated on admission requests.
+"""The ValidatingAdmissionPolicies of deploy/optional/admission-policy, on admission requests.
 
 The test API server (1.20) cannot serve ValidatingAdmissionPolicy (GA in 1.30), so its CEL is
 evaluated here the way the API server does: match constraints and conditions first, then the
@@ -17,11 +17,13 @@ import celpy
 import pytest
 import yaml
 
+from tests.deploy.manifests import overlay
+
 POLICY_FILE = (
     Path(__file__).parent.parent.parent
     / "deploy"
-    / "aggregator"
     / "optional"
+    / "admission-policy"
     / "admission-policy.yaml"
 )
 AGGREGATOR = "system:serviceaccount:gputopo-system:gputopo-aggregator"
@@ -250,11 +252,18 @@ def test_the_aggregator_writes_only_hypernodes_and_topologies_it_manages(
 
 
 def test_the_policies_name_the_account_deploy_installs() -> None:
-    deploy = POLICY_FILE.parent.parent
-    sa = yaml.safe_load((deploy / "serviceaccount.yaml").read_text(encoding="utf-8"))
-    kustomization = yaml.safe_load((deploy / "kustomization.yaml").read_text(encoding="utf-8"))
-    namespace = sa["metadata"].get("namespace") or kustomization["namespace"]
-    account = f"system:serviceaccount:{namespace}:{sa['metadata']['name']}"
+    docs = overlay("default", components=("optional/admission-policy",))
+    (sa,) = [
+        d
+        for d in docs
+        if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "gputopo-aggregator"
+    ]
+    account = f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
     assert account == AGGREGATOR
+    rendered = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    assert len(rendered) == len(POLICIES)
+    for policy in rendered:
+        (condition,) = policy["spec"]["matchConditions"]
+        assert condition["expression"].split("==")[1].strip() == f'"{account}"'
     bindings = {d["spec"]["policyName"] for d in DOCS if d["kind"].endswith("Binding")}
     assert bindings == set(POLICIES)

@@ -91,6 +91,28 @@ def test_gputopo_runs_from_the_images_root_filesystem(image: Path) -> None:
     assert who.stdout.strip() == "65532"
 
 
+def test_the_image_carries_cuda_bindings_for_the_copy_probes(image: Path) -> None:
+    """The `cuda` extra is in the image: without it no deployment could ever measure a link.
+    Here there is no GPU or driver, so the probe worker must say that (CUDA's own error), not
+    that cuda-bindings is missing."""
+    python = "/opt/gputopo/bin/python"
+    imported = _in_image(
+        image,
+        python,
+        "-c",
+        "import cuda.bindings, cuda.bindings.runtime; print(cuda.bindings.__version__)",
+    )
+    assert imported.returncode == 0, imported.stderr
+    assert imported.stdout.strip().split(".")[0] == "13", imported.stdout
+    check = "from exporter.probes.runner import WorkerGpuProbe; print(WorkerGpuProbe().installed())"
+    installed = _in_image(image, python, "-c", check)
+    assert installed.stdout.strip() == "(True, '')", installed.stderr
+    worker = _in_image(image, python, "-m", "exporter.probes.gpu_worker")
+    first = json.loads(worker.stdout.splitlines()[0])
+    assert first["ready"] is False
+    assert "cuda-bindings" not in first["error"], first
+
+
 def test_the_oci_layout_carries_the_one_tag_user_and_entrypoint(image: Path) -> None:
     layout = image / "oci"
     index = json.loads((layout / "index.json").read_text(encoding="utf-8"))

@@ -316,14 +316,42 @@ def test_healthz_fails_only_when_discovery_has_stopped_passing(
     run(scenario())
 
 
+class InstalledGpuProbe:
+    """A GPU probe client whose cuda-bindings are installed; no round runs in these tests."""
+
+    def installed(self) -> tuple[bool, str]:
+        return True, ""
+
+    async def start(self) -> tuple[bool, str]:
+        raise AssertionError("no round was due")
+
+    async def peer(self, src_bus_id: str, dst_bus_id: str) -> Any:
+        raise AssertionError("no round was due")
+
+    async def host(self, bus_id: str, cpus: Any) -> Any:
+        raise AssertionError("no round was due")
+
+    async def close(self) -> None:
+        return None
+
+
 def test_before_the_first_round_the_metrics_say_not_yet_probed(
     fake_node: Callable[..., FakeNode],
 ) -> None:
     node = fake_node("workstation-2x-rtx5090")
     schedule = ProbeSchedule(interval_s=600, first_after_s=600, jitter=0.0)
 
+    cfg = config(
+        node.discovery.node_name,
+        sysfs_root=node.sysfs_root,
+        gpu_probes=True,
+        probe_schedule=schedule,
+    )
+
     async def scenario() -> None:
-        async with fake_agent(node, gpu_probes=True, probe_schedule=schedule) as agent:
+        # cuda-bindings present (whether or not this machine has it): only the round is due.
+        agent = Agent(cfg, nvml=Nvml(node.nvml.library), gpu_probe=InstalledGpuProbe())
+        async with agent:
             await until(lambda: bool(agent.runner.results.available), what="probe state")
             _, metrics = await http_get(agent.http_port, "/metrics")
             assert (

@@ -85,19 +85,25 @@ class Prometheus:
         targets: Sequence[str],
         job: str = "gputopo-exporter",
         scrape_interval_s: float = 1.0,
+        scrape_configs: Sequence[dict[str, Any]] = (),
     ) -> Prometheus:
-        """Start a server scraping `targets` (host:port, path /metrics) and wait until ready."""
+        """Start a server scraping `targets` (host:port, path /metrics) and wait until ready.
+
+        `scrape_configs` are further jobs as given (Prometheus's own `scrape_configs` entries,
+        TLS settings and all), for tests of a shipped scrape configuration.
+        """
         server = cls(binary=find_prometheus(), workdir=workdir, job=job, targets=len(targets))
         workdir.mkdir(parents=True, exist_ok=True)
         config = workdir / "prometheus.yml"
         interval = f"{max(int(scrape_interval_s * 1000), 100)}ms"
+        jobs = (
+            [{"job_name": job, "static_configs": [{"targets": list(targets)}]}] if targets else []
+        )
         config.write_text(
             json.dumps(  # JSON is YAML; no YAML writer needed
                 {
                     "global": {"scrape_interval": interval, "scrape_timeout": interval},
-                    "scrape_configs": [
-                        {"job_name": job, "static_configs": [{"targets": list(targets)}]}
-                    ],
+                    "scrape_configs": [*jobs, *scrape_configs],
                 }
             )
         )

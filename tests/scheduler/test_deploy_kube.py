@@ -61,7 +61,12 @@ def test_the_kustomization_lists_every_manifest_and_the_deployment_follows_the_c
     (deployment,) = [d for d in manifests() if d["kind"] == "Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "ghcr.io/gputopo/gputopo:0.1.0"
-    assert "--aggregator=gputopo-aggregator.gputopo-system.svc:50051" in container["args"]
+    # The aggregator's Service in the scheduler's own namespace (the kubelet expands it).
+    assert "--aggregator=gputopo-aggregator.$(POD_NAMESPACE).svc:50051" in container["args"]
+    assert {
+        "name": "POD_NAMESPACE",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+    } in container["env"]
     assert "--lease-name=gputopo-scheduler" in container["args"]
 
 

@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
             sysfs_root = write_sysfs(fake, Path(stack.enter_context(tempfile.TemporaryDirectory())))
             machine = fake.topology.machine
         try:
-            tls = tls_from_args(args, component="exporter")
+            tls = tls_from_args(args, component="exporter", dials=True)
         except TlsUsageError as err:
             print(f"gputopo exporter: {err}", file=sys.stderr)
             return 2

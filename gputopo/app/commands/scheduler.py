@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from gputopo.runtime.kube import KubeClient, KubeError
     from gputopo.runtime.leader import LeaseConfig
     from scheduler.binder import BinderConfig
+    from scheduler.preflight import missing
     from scheduler.server import SchedulerProcess, SchedulerProcessConfig
 
     if not args.aggregator:
@@ -77,6 +78,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.reservation_ttl <= 0:
         print("gputopo scheduler: --reservation-ttl: must be > 0", file=sys.stderr)
+        return 2
+    from gputopo.runtime.tls import TlsUsageError, tls_from_args
+
+    try:
+        tls = tls_from_args(args, component="scheduler", dials=True)
+    except TlsUsageError as err:
+        print(f"gputopo scheduler: {err}", file=sys.stderr)
         return 2
     try:
         kube = (
@@ -89,13 +97,6 @@ def run(args: argparse.Namespace) -> int:
             f"gputopo scheduler: {'--in-cluster' if args.in_cluster else '--kubeconfig'}: {err}",
             file=sys.stderr,
         )
-        return 2
-    from gputopo.runtime.tls import TlsUsageError, tls_from_args
-
-    try:
-        tls = tls_from_args(args, component="scheduler")
-    except TlsUsageError as err:
-        print(f"gputopo scheduler: {err}", file=sys.stderr)
         return 2
     identity = args.identity or socket.gethostname()
     config = SchedulerProcessConfig(
@@ -117,7 +118,17 @@ def run(args: argparse.Namespace) -> int:
         health_port=args.health_port,
     )
 
-    async def main() -> None:
+    async def main() -> int:
+        # Namespace and RBAC first: without them every call would fail, warned every 2 s.
+        problem = await missing(
+            kube,
+            namespace=args.namespace,
+            leader_election=not args.no_leader_election,
+            lease_name=args.lease_name,
+        )
+        if problem is not None:
+            print(f"gputopo scheduler: {problem}", file=sys.stderr)
+            return 2
         process = SchedulerProcess(config, kube)
         task = asyncio.create_task(process.run())
         loop = asyncio.get_running_loop()
@@ -125,9 +136,9 @@ def run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        return 0
 
     try:
-        asyncio.run(main())
+        return asyncio.run(main())
     finally:
         kube.close()
-    return 0
