@@ -132,8 +132,20 @@ def _managers(entries: Any, section: str) -> Mapping[str, frozenset[str]]:
         fields = ((entry.get("fieldsV1") or {}).get("f:metadata") or {}).get(section) or {}
         for key in fields:
             if key.startswith("f:"):
-                out.setdefault(key[2:], set()).add(str(entry.get("manager", "")))
+                out.setdefault(key[2:], set()).add(_manager_of(entry))
     return MappingProxyType({k: frozenset(v) for k, v in out.items()})
+
+
+def _manager_of(entry: Mapping[str, Any]) -> str:
+    """The owner an entry names, as server-side apply tells owners apart: by manager AND
+    operation. Every write gputopo makes carries the manager `gputopo`, but only its applies
+    (operation `Apply`) are the set an apply may change or drop; a key gputopo wrote with a plain
+    create or patch (operation `Update`, the demo creating its Nodes) belongs to a separate
+    owner, `gputopo (Update)`, that an apply leaves alone, exactly as the API server does."""
+    manager = str(entry.get("manager", ""))
+    if manager == FIELD_MANAGER and entry.get("operation", "Apply") != "Apply":
+        return f"{manager} (Update)"
+    return manager
 
 
 @dataclass(frozen=True, slots=True)
