@@ -121,7 +121,7 @@ def claimed_devices(
             node = selected or pool
             if not node or (nodes is not None and node not in nodes):
                 continue
-            gpu = _GPU.match(device)
+            gpu = _GPU.fullmatch(device)
             uuid = slices.uuid(driver, pool, device) if slices is not None else ""
             whole = gpu is not None and not gpu[2]
             if uuid or (slices is not None and slices.knows(driver, pool)):

@@ -165,7 +165,12 @@ def _check_meta(obj: Mapping[str, Any]) -> list[str]:
     problems = []
     meta = obj.get("metadata") or {}
     name = meta.get("name", "")
-    if not isinstance(name, str) or not name or len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name) > 253
+        or not _DNS_SUBDOMAIN.fullmatch(name)
+    ):
         problems.append(f"metadata.name: {name!r} is not a DNS subdomain")
     if "namespace" in meta:
         problems.append("metadata.namespace: the object is cluster-scoped")
@@ -191,7 +196,7 @@ def _ambiguous(nodes: Iterable[Placed]) -> dict[int, set[str]]:
 def _object_name(prefix: str, value: str) -> str:
     """A DNS-subdomain object name for a label value (hashed when it would not be one)."""
     name = f"{prefix}-{value.lower()}"
-    if len(name) <= 253 and _DNS_SUBDOMAIN.match(name) and value == value.lower():
+    if len(name) <= 253 and _DNS_SUBDOMAIN.fullmatch(name) and value == value.lower():
         return name
     clean = re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")[:40]
     return f"{prefix}-{clean}-{fnv64a(value):016x}".replace("--", "-")
@@ -259,7 +264,7 @@ def check_hypernode(obj: Mapping[str, Any]) -> list[str]:
             problems.append(f"{where}.selector: exactly one of exactMatch, regexMatch, labelMatch")
         exact = (selector.get("exactMatch") or {}).get("name", "")
         if "exactMatch" in selector and (
-            not exact or len(exact) > 253 or not _DNS_SUBDOMAIN.match(exact)
+            not exact or len(exact) > 253 or not _DNS_SUBDOMAIN.fullmatch(exact)
         ):
             problems.append(f"{where}.selector.exactMatch.name: {exact!r} is not a DNS subdomain")
     return problems

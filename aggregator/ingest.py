@@ -123,7 +123,7 @@ def validate_node_name(name: str, path: str = "node_name") -> None:
     """CodecError unless `name` can name a Kubernetes Node."""
     if not name:
         raise CodecError(path, "is required")
-    if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+    if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
         raise CodecError(
             path,
             f"{name[:80]!r} is not a Kubernetes node name (lower-case DNS subdomain, "
@@ -302,7 +302,7 @@ class ReporterService(rgrpc.ReporterServicer):
         if msg.sequence == 0:
             raise CodecError("sequence", "must start at 1")
         if msg.probe_address:
-            match = _HOST_PORT.match(msg.probe_address)
+            match = _HOST_PORT.fullmatch(msg.probe_address)
             if match is None or not 0 < int(match.group(2)) < 65536:
                 raise CodecError("probe_address", f"{msg.probe_address!r} is not host:port")
         if msg.HasField("sent_at"):

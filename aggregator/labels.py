@@ -54,7 +54,7 @@ __all__ = [
     "tier_value",
 ]
 
-_VALID_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_VALID_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _MAX_VALUE = 63
 Profile = Literal["topograph-v1", "topograph-v0", "own"]
 
@@ -69,7 +69,7 @@ def fnv64a(text: str) -> int:
 
 def label_value(value: str) -> str:
     """A valid label value for `value` (see the module docstring)."""
-    if len(value) <= _MAX_VALUE and _VALID_VALUE.match(value):
+    if len(value) <= _MAX_VALUE and _VALID_VALUE.fullmatch(value):  # `$` would pass a final \n
         return value
     return f"x{fnv64a(value):016x}"
 
