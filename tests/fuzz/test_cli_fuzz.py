@@ -128,7 +128,10 @@ BAD_YAML = {
 def test_named_bad_yaml_is_one_line(tmp_path: Path, name: str, side: str) -> None:
     start = time.monotonic()
     assert _place(tmp_path, **{side: BAD_YAML[name]}) == 2
-    assert time.monotonic() - start < 5  # a second on an idle machine; margin for 2 shared cores
+    # What this guards against is a parse that never ends (an alias bomb runs to the 60 s
+    # timeout). A second on an idle machine; 5.2 s was seen at load 10 on 2 cores, so the bound
+    # is generous and still far below a hang.
+    assert time.monotonic() - start < 30
 
 
 @FUZZ
@@ -210,7 +213,7 @@ def _topo(tmp: Path, body: bytes) -> None:
 def test_named_bad_nccl_xml(tmp_path: Path, name: str) -> None:
     start = time.monotonic()
     _topo(tmp_path, NCCL_XML[name])
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 30  # a hang, not a speed: see the bound above
 
 
 xml_ish = st.lists(
