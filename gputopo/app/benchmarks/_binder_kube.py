@@ -198,6 +198,9 @@ class KubeSchedulerError(RuntimeError):
     """kube-scheduler exited or its health endpoint never answered (the message says which)."""
 
 
+_START_ATTEMPTS = 3
+
+
 def start_kube_scheduler(
     binary: Path,
     config: dict[str, Any],
@@ -208,7 +211,37 @@ def start_kube_scheduler(
     timeout_s: float = 60.0,
 ) -> tuple[subprocess.Popen[bytes], Path]:
     """Start kube-scheduler with `config` on a free loopback port and wait until /healthz
-    answers; returns the process and its log. The bench and the tests' harness start it so."""
+    answers; returns the process and its log. The bench and the tests' harness start it so.
+
+    The port is free when chosen but another process may take it before kube-scheduler binds
+    it (seen with several test runs sharing a machine): a start whose log says the address is
+    in use is tried again on a new port, at most `_START_ATTEMPTS` times."""
+    for attempt in range(1, _START_ATTEMPTS + 1):
+        try:
+            return _start_once(
+                binary, config, workdir, name=name, extra_args=extra_args, timeout_s=timeout_s
+            )
+        except _PortTakenError:
+            if attempt == _START_ATTEMPTS:
+                raise KubeSchedulerError(
+                    f"kube-scheduler found its port taken {attempt} times; see {workdir}"
+                ) from None
+    raise AssertionError("unreachable")
+
+
+class _PortTakenError(Exception):
+    """kube-scheduler exited at start because its port was taken meanwhile."""
+
+
+def _start_once(
+    binary: Path,
+    config: dict[str, Any],
+    workdir: Path,
+    *,
+    name: str,
+    extra_args: Sequence[str],
+    timeout_s: float,
+) -> tuple[subprocess.Popen[bytes], Path]:
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / f"kube-scheduler-{name}.json"  # JSON is YAML
     config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
@@ -231,6 +264,8 @@ def start_kube_scheduler(
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            if b"address already in use" in log_path.read_bytes():
+                raise _PortTakenError
             raise KubeSchedulerError(f"kube-scheduler exited; see {log_path}")
         try:
             url = f"https://127.0.0.1:{port}/healthz"
