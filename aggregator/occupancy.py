@@ -5,9 +5,9 @@ bound pods holding 14 GPUs, and gputopo still said `free 136 of 136`. Every pod 
 and not finished holds the GPUs its containers ask for, whoever scheduled it, so the state takes
 them out of the node's free GPUs:
 
-1. A pod's GPUs: the sum of its containers' limits of a GPU resource (`nvidia.com/gpu`, or the
-   names given; requests when no limit), or the largest init container's if that is more, as
-   Kubernetes counts a pod's effective request.
+1. A pod's GPUs: its effective request of a GPU resource (`nvidia.com/gpu`, or the names
+   given) as Kubernetes counts it, init containers, sidecars and overhead included
+   (`gputopo.pods.pod_gpus`, the one rule the binder and the extender use too).
 2. A pod counts while it is bound (`spec.nodeName`) and not `Succeeded` or `Failed`: a
    terminating pod still holds its devices until its containers stop.
 3. A pod that carries `gputopo.io/reservation` of a live reservation is already held by the
@@ -33,6 +33,16 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gputopo.pods import (
+    GPU_RESOURCES,
+    GPUS_ANNOTATION,
+    RESERVATION_ANNOTATION,
+    annotations_of,
+    decode_gpus,
+    pod_gpus,
+    pod_key,
+)
+
 __all__ = [
     "GPU_RESOURCES",
     "RECORDED_GPUS_ANNOTATION",
@@ -43,33 +53,8 @@ __all__ = [
     "pod_use",
 ]
 
-GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu",)
-RESERVATION_ANNOTATION = "gputopo.io/reservation"
-RECORDED_GPUS_ANNOTATION = "gputopo.io/gpus"  # the binder's record: "0,1,2,3"
+RECORDED_GPUS_ANNOTATION = GPUS_ANNOTATION  # the binder's record: "0,1,2,3"
 _DONE = frozenset({"Succeeded", "Failed"})
-
-
-def pod_gpus(pod: Mapping[str, Any], resources: Collection[str] = GPU_RESOURCES) -> int:
-    """GPUs a pod's containers ask for (limits, else requests); the largest init container's
-    when that is more, as Kubernetes counts a pod's effective request."""
-    spec = pod.get("spec") or {}
-
-    def ask(container: Mapping[str, Any]) -> int:
-        res = container.get("resources") or {}
-        total = 0
-        for name in resources:
-            value = (res.get("limits") or {}).get(name)
-            if value is None:
-                value = (res.get("requests") or {}).get(name, 0)
-            try:
-                total += int(str(value))
-            except ValueError:
-                continue  # an extended resource is a whole number; anything else asks for none
-        return total
-
-    main = sum(ask(c) for c in spec.get("containers") or [])
-    init = max((ask(c) for c in spec.get("initContainers") or []), default=0)
-    return max(main, init)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,32 +70,19 @@ class PodUse:
 
 def pod_use(pod: Mapping[str, Any], resources: Collection[str] = GPU_RESOURCES) -> PodUse | None:
     """The GPUs a pod holds now, or None when it holds none (unbound, finished, no GPUs)."""
-    meta = pod.get("metadata") or {}
     node = str((pod.get("spec") or {}).get("nodeName") or "")
     phase = str((pod.get("status") or {}).get("phase") or "")
     gpus = pod_gpus(pod, resources)
     if not node or phase in _DONE or gpus <= 0:
         return None
-    annotations = meta.get("annotations") or {}
+    annotations = annotations_of(pod)
     return PodUse(
-        key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+        key=pod_key(pod),
         node=node,
         gpus=gpus,
-        reservation=str(annotations.get(RESERVATION_ANNOTATION, "")),
-        recorded=_recorded(str(annotations.get(RECORDED_GPUS_ANNOTATION, "")), gpus),
+        reservation=annotations.get(RESERVATION_ANNOTATION, ""),
+        recorded=decode_gpus(annotations.get(GPUS_ANNOTATION, ""), gpus),
     )
-
-
-def _recorded(text: str, gpus: int) -> frozenset[int]:
-    """The recorded GPU indices when they are as many distinct indices as the pod holds;
-    anything else (absent, malformed, another count) locates nothing and the pod is counted."""
-    try:
-        indices = frozenset(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        return frozenset()
-    if len(indices) != gpus or any(i < 0 for i in indices):
-        return frozenset()
-    return indices
 
 
 class Occupancy:
@@ -123,8 +95,7 @@ class Occupancy:
 
     def upsert(self, pod: Mapping[str, Any]) -> set[str]:
         """Take a pod as it is now; the nodes whose count may have moved."""
-        meta = pod.get("metadata") or {}
-        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        key = pod_key(pod)
         moved = self._drop(key)
         use = pod_use(pod, self.resources)
         if use is not None:
@@ -135,8 +106,7 @@ class Occupancy:
 
     def remove(self, pod: Mapping[str, Any]) -> set[str]:
         """Forget a deleted pod; the nodes whose count moved."""
-        meta = pod.get("metadata") or {}
-        return self._drop(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+        return self._drop(pod_key(pod))
 
     def _drop(self, key: str) -> set[str]:
         old = self._pods.pop(key, None)

@@ -43,14 +43,15 @@ from aggregator.probes import ProbeCoordinator
 from aggregator.promises import KubePromises
 from aggregator.publisher import LabelPublisher, PublisherConfig, node_facts
 from aggregator.schedwriter import SchedulerObjectWriter
-from aggregator.service import (
+from aggregator.service import PlacementService
+from aggregator.state import ClusterState
+from aggregator.tokens import DEFAULT_AUDIENCE, TokenNodes
+from gputopo.core import (
     DEFAULT_RESERVATION_TTL_S,
     DEFAULT_SEARCH_DEADLINE_S,
     MAX_RESERVATION_TTL_S,
-    PlacementService,
+    PlacementCore,
 )
-from aggregator.state import ClusterState
-from aggregator.tokens import DEFAULT_AUDIENCE, TokenNodes
 from gputopo.inventory import Inventory, inventory_labels, inventory_topologies, load_inventory
 from gputopo.reservations import INVENTORY_OWNER, Reservation, new_reservation_id
 from gputopo.runtime import grpcio
@@ -170,16 +171,19 @@ class Aggregator:
             if kube is not None and opts.reservations_namespace
             else None
         )
-        self.placement = PlacementService(
-            self.state,
+        # Place, Commit, Release, Explain: one core, whichever transport asks.
+        self.placement = PlacementCore(
+            state=self.state,
             clock=clock,
+            store=self.promises,
+            restored=self.promises is None,
             default_ttl_s=config.reservation_ttl_s,
             max_ttl_s=config.max_reservation_ttl_s,
             default_policy=config.default_policy,
-            promises=self.promises,
-            may_reserve=lambda: self.leading,
+            leading=lambda: self.leading,
             search_deadline_s=config.search_deadline_s,
         )
+        self.service = PlacementService(self.placement, self.state, clock=clock)
         self.kube = kube
         # Node objects are read on every replica, leader or not, labels published or not.
         self.nodes = (
@@ -235,7 +239,7 @@ class Aggregator:
             desired_labels=self._desired_labels,
             extra_routes=lambda app: add_placement_routes(
                 app,
-                self.placement,
+                self.service,
                 extender_callers=frozenset(config.extender_clients) if config.tls else None,
             ),
             ssl_context=ssl_server_context(config.tls) if config.tls else None,
@@ -288,7 +292,7 @@ class Aggregator:
         """Bind and serve; returns once the servers accept connections."""
         server = grpcio.server()
         rgrpc.add_ReporterServicer_to_server(self.reporter, server)
-        pgrpc.add_PlacementServicer_to_server(self.placement, server)
+        pgrpc.add_PlacementServicer_to_server(self.service, server)
         self.grpc_port = grpcio.bind(
             server, self.config.grpc_host, self.config.grpc_port, tls=self.config.tls
         )
@@ -340,8 +344,7 @@ class Aggregator:
 
     async def _follow(self) -> None:
         """Stop the writers: another replica leads now (or we are shutting down)."""
-        if self.promises is not None:
-            self.placement.ready.clear()  # restored afresh should this replica lead again
+        self.placement.demote()  # restored afresh should this replica lead again
         await self._drop_writers()
         await self._mark_pod(leader=False)
 
@@ -352,23 +355,8 @@ class Aggregator:
         """
         if self.promises is None:
             return
-        attempt = 0
-        while True:
-            try:
-                stored = await self.promises.load(now=self.clock())
-                break
-            except KubeError as err:
-                delay = min(0.5 * 2**attempt, 10.0)
-                attempt += 1
-                log.warning("cannot load stored reservations (%s); again in %.1fs", err, delay)
-                await asyncio.sleep(delay)
-        keep = {r.id for r in stored}
-        for old in self.state.reservations():
-            if old.id not in keep:  # released or expired while another replica led
-                self.state.release(old.id)
-        self.state.restore(stored)
-        self.placement.ready.set()
-        log.info("restored %d reservation(s) from the API server", len(stored))
+        restored = await self.placement.restore()
+        log.info("restored %d reservation(s) from the API server", restored)
 
     async def _mark_pod(self, *, leader: bool) -> None:
         opts = self.config.kube
@@ -415,11 +403,7 @@ class Aggregator:
                     )
             if expired:
                 log.info("expired %d reservation(s)", expired)
-            if self.promises is not None and self.leading and self.placement.ready.is_set():
-                try:  # expired ones leave the API server too (and failed deletes are retried)
-                    await self.promises.sync(r.id for r in self.state.reservations())
-                except KubeError as err:
-                    log.warning("cannot delete expired reservations yet: %s", err)
+            await self.placement.sync()  # expired ones leave the API server too
             for node in flipped:
                 log.warning(
                     "node %s is %s",

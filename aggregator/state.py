@@ -36,7 +36,7 @@ from gputopo.delta import NodeDelta, apply_delta
 from gputopo.gpu_use import GpuUse
 from gputopo.nominal import plausible
 from gputopo.placement.result import PlacementResult
-from gputopo.reservations import Reservation, ReservationBook, ReservationStore
+from gputopo.reservations import Reservation, ReservationBook
 from gputopo.topology import NodeTopology
 
 __all__ = [
@@ -87,7 +87,6 @@ class ClusterState:
         clock: Callable[[], float],
         stale_after_s: float = 30.0,
         sources: FabricSources | None = None,
-        store: ReservationStore | None = None,
     ) -> None:
         self._clock = clock
         self.stale_after_s = stale_after_s
@@ -96,7 +95,7 @@ class ClusterState:
         self._nodes: dict[str, NodeRecord] = {}
         # Kubernetes labels of every Node object seen, and which of them this aggregator owns.
         self._kube_labels: dict[str, tuple[dict[str, str], frozenset[str]]] = {}
-        self.book = ReservationBook(clock=clock, store=store, on_change=self._allocations_moved)
+        self.book = ReservationBook(clock=clock, on_change=self._allocations_moved)
         # GPUs that pods bound by anyone hold (aggregator.occupancy), fed by the pod watcher,
         # and the exact GPUs each node's kubelet says it handed out (from the exporters).
         self.occupancy = Occupancy()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gputopo.request import Scope
 
@@ -34,6 +34,11 @@ class PodPlacement:
     rank: int
     node: str
     gpus: tuple[int, ...]
+    # What the answer names beside the indices (`gputopo.core.with_nics`), in the order of
+    # `gpus`: the GPUs' UUIDs and each GPU's nearest NIC ("" for none). Not part of the
+    # placement's identity: two placements on the same GPUs are the same placement.
+    uuids: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    nics: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

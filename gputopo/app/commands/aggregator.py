@@ -269,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
     except TlsUsageError as err:
         print(f"gputopo aggregator: {err}", file=sys.stderr)
         return 2
-    from aggregator.service import ttl_limits_problem
+    from gputopo.core import ttl_limits_problem
 
     if (problem := ttl_limits_problem(args.reservation_ttl, args.max_reservation_ttl)) is not None:
         print(f"gputopo aggregator: {problem}", file=sys.stderr)
