@@ -19,7 +19,6 @@ looks like to the other replicas, for tests.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -57,6 +56,7 @@ from gputopo.reservations import INVENTORY_OWNER, Reservation, new_reservation_i
 from gputopo.runtime import grpcio
 from gputopo.runtime.kube import KubeClient, KubeError
 from gputopo.runtime.leader import LeaderElector, LeaseConfig
+from gputopo.runtime.supervisor import Supervisor
 from gputopo.runtime.tls import TlsFiles, ssl_server_context
 from gputopo.v1 import placement_pb2_grpc as pgrpc
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
@@ -246,6 +246,8 @@ class Aggregator:
             off_loop=self.placement.off_loop,
         )
         self._grpc: grpc.aio.Server | None = None
+        # Root tasks: one that ends on its own ends the process (`gputopo aggregator`).
+        self.tasks = Supervisor("aggregator")
         self._tasks: list[asyncio.Task[None]] = []
         self._writers: list[asyncio.Task[None]] = []
         self.grpc_port = 0
@@ -312,16 +314,16 @@ class Aggregator:
                 if self.http_port:
                     address = f"{self.config.http_host}:{self.config.health_port} (health)"
                 raise OSError(f"cannot listen on {address} for HTTP: {err.strerror}") from None
-        self._tasks.append(asyncio.create_task(self._housekeep(), name="housekeeping"))
+        self._tasks.append(self.tasks.spawn(self._housekeep(), name="housekeeping"))
         if self.nodes is not None:
-            self._tasks.append(asyncio.create_task(self.nodes.run(), name="node-watch"))
+            self._tasks.append(self.tasks.spawn(self.nodes.run(), name="node-watch"))
         if self.pods is not None:
-            self._tasks.append(asyncio.create_task(self.pods.run(), name="pod-watch"))
+            self._tasks.append(self.tasks.spawn(self.pods.run(), name="pod-watch"))
         if self.claims is not None:
-            self._tasks.append(asyncio.create_task(self.claims.run(), name="claim-watch"))
+            self._tasks.append(self.tasks.spawn(self.claims.run(), name="claim-watch"))
         if self.elector is not None:
             await self._unmark_pod()
-            self._tasks.append(asyncio.create_task(self.elector.run(), name="leader-election"))
+            self._tasks.append(self.tasks.spawn(self.elector.run(), name="leader-election"))
         elif self.kube is not None:
             await self._lead()
         log.info(
@@ -335,10 +337,10 @@ class Aggregator:
         election)."""
         await self._restore()
         if self.publisher is not None:
-            self._writers.append(asyncio.create_task(self.publisher.run(), name="labels"))
+            self._writers.append(self.tasks.spawn(self.publisher.run(), name="labels"))
         if self.scheduler_objects is not None:
             self._writers.append(
-                asyncio.create_task(self.scheduler_objects.run(), name="scheduler-objects")
+                self.tasks.spawn(self.scheduler_objects.run(), name="scheduler-objects")
             )
         await self._mark_pod(leader=True)
 
@@ -448,9 +450,7 @@ class Aggregator:
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
-    """Cancel tasks and wait until they are done."""
+    """Cancel tasks and wait until they are done (one that died was reported as it died)."""
     for task in tasks:
         task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await asyncio.gather(*tasks, return_exceptions=True)

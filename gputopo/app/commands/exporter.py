@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     from exporter.agent import Agent, AgentConfig
     from exporter.nvml import Nvml
     from exporter.probes.runner import ProbeSchedule
+    from gputopo.runtime.supervisor import RootTaskDiedError
     from gputopo.runtime.tls import TlsUsageError, tls_from_args
 
     root = logging.getLogger()
@@ -155,13 +156,18 @@ def run(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                     flush=True,
                 )
-                await stop.wait()
-                print("exporter: shutting down", file=sys.stderr, flush=True)
+                try:
+                    await agent.tasks.wait(stop)  # a root task that dies ends the process
+                finally:
+                    print("exporter: shutting down", file=sys.stderr, flush=True)
 
         try:
             asyncio.run(serve())
         except OSError as error:
             print(f"gputopo exporter: {error}", file=sys.stderr)
+            return 1
+        except RootTaskDiedError as err:
+            print(f"gputopo {err}", file=sys.stderr)
             return 1
     return 0
 
