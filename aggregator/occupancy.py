@@ -1,4 +1,4 @@
-"""GPUs that pods bound by anyone hold, counted from the Pod objects.
+"""What holds a node's GPUs besides gputopo's own reservations: pods, the kubelet, DRA claims.
 
 Beside a real kube-scheduler, gputopo reserved a node that was already full: kube-scheduler had
 bound pods holding 14 GPUs, and gputopo still said `free 136 of 136`. Every pod bound to a node
@@ -29,10 +29,12 @@ names are not counted again; a pod bound but not yet reported by the kubelet sti
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from aggregator.claims import ClaimedDevice
+from gputopo.gpu_use import GpuUse
 from gputopo.pods import (
     GPU_RESOURCES,
     GPUS_ANNOTATION,
@@ -85,13 +87,34 @@ def pod_use(pod: Mapping[str, Any], resources: Collection[str] = GPU_RESOURCES) 
     )
 
 
-class Occupancy:
-    """Bound pods and the GPUs they hold, per node (see the module docstring)."""
+def _noop(nodes: Iterable[str]) -> None:
+    return None
 
-    def __init__(self, resources: Collection[str] = GPU_RESOURCES) -> None:
+
+class Occupancy:
+    """What holds a node's GPUs besides gputopo's reservations, from every source, and the
+    precedence between them (see the module docstring): bound pods, the kubelet's exact report
+    and DRA ResourceClaims. Each change reports the nodes whose free GPUs may have moved through
+    `on_change`, as the reservation book does; the cluster state composes the two."""
+
+    def __init__(
+        self,
+        resources: Collection[str] = GPU_RESOURCES,
+        *,
+        on_change: Callable[[Iterable[str]], None] = _noop,
+    ) -> None:
         self.resources = tuple(resources)
+        self._on_change = on_change
         self._pods: dict[str, PodUse] = {}
         self._by_node: dict[str, dict[str, PodUse]] = {}
+        # The exact GPUs each node's kubelet says it handed out (from the exporters).
+        self._kubelet: dict[str, GpuUse] = {}
+        # Devices of GPU drivers that DRA ResourceClaims hold, by claim (namespace/name), and
+        # the same by node, which is what every free-GPU question asks.
+        self._claims: dict[str, tuple[ClaimedDevice, ...]] = {}
+        self._claimed: dict[str, dict[str, tuple[ClaimedDevice, ...]]] = {}
+
+    # --- the sources --------------------------------------------------------------------
 
     def upsert(self, pod: Mapping[str, Any]) -> set[str]:
         """Take a pod as it is now; the nodes whose count may have moved."""
@@ -102,11 +125,14 @@ class Occupancy:
             self._pods[key] = use
             self._by_node.setdefault(use.node, {})[key] = use
             moved.add(use.node)
+        self._on_change(moved)
         return moved
 
     def remove(self, pod: Mapping[str, Any]) -> set[str]:
         """Forget a deleted pod; the nodes whose count moved."""
-        return self._drop(pod_key(pod))
+        moved = self._drop(pod_key(pod))
+        self._on_change(moved)
+        return moved
 
     def _drop(self, key: str) -> set[str]:
         old = self._pods.pop(key, None)
@@ -118,9 +144,79 @@ class Occupancy:
             self._by_node.pop(old.node, None)
         return {old.node}
 
+    def set_kubelet_use(self, node: str, use: GpuUse | None) -> None:
+        """What a node's kubelet says is held (None: its exporter does not ask the kubelet)."""
+        if self._kubelet.get(node) == use:
+            return
+        if use is None:
+            self._kubelet.pop(node, None)
+        else:
+            self._kubelet[node] = use
+        self._on_change((node,))
+
+    def kubelet_use(self, node: str) -> GpuUse | None:
+        """What a node's kubelet last said is held."""
+        return self._kubelet.get(node)
+
+    def set_claim(self, claim: str, devices: Iterable[ClaimedDevice]) -> None:
+        """The GPU devices a DRA ResourceClaim holds now (none: deallocated or deleted)."""
+        found = tuple(devices)
+        old = self._claims.get(claim, ())
+        if found == old:
+            return
+        if found:
+            self._claims[claim] = found
+        else:
+            self._claims.pop(claim, None)
+        moved = sorted({d.node for d in (*old, *found)})
+        for node in moved:
+            on_node = self._claimed.setdefault(node, {})
+            here = tuple(d for d in found if d.node == node)
+            if here:
+                on_node[claim] = here
+            else:
+                on_node.pop(claim, None)
+            if not on_node:
+                del self._claimed[node]
+        self._on_change(moved)
+
+    def claimed(self, node: str) -> list[ClaimedDevice]:
+        """Devices of GPU drivers that claims hold on a node."""
+        return sorted(d for devices in self._claimed.get(node, {}).values() for d in devices)
+
     def pods(self, node: str) -> list[PodUse]:
         """The pods that hold GPUs of a node."""
         return sorted(self._by_node.get(node, {}).values(), key=lambda p: p.key)
+
+    # --- the precedence -----------------------------------------------------------------
+
+    def free(
+        self, node: str, unreserved: frozenset[int], *, live: Callable[[str], bool]
+    ) -> frozenset[int]:
+        """Which of a node's `unreserved` GPUs (those no live reservation holds) nothing else
+        holds, in this order: the kubelet's exact report, DRA claims of located devices, pods
+        by gputopo's record; then as many as pods and unlocated claims hold by count, the
+        highest indices first. `live(rid)`: whether a reservation is live (its pods are the
+        book's already)."""
+        free = unreserved
+        use = self._kubelet.get(node)
+        if use is not None and use.known:
+            free = free.difference(use.held)
+        claimed = self.claimed(node)
+        free = free.difference(d.gpu for d in claimed if d.gpu is not None)
+        counted, pinned = self.pods_holding(node, live=live)
+        free = free.difference(pinned)
+        taken = counted + sum(1 for d in claimed if d.gpu is None)
+        if not taken:
+            return free
+        return frozenset(sorted(free)[: max(len(free) - taken, 0)])
+
+    def pods_holding(self, node: str, *, live: Callable[[str], bool]) -> tuple[int, frozenset[int]]:
+        """(GPUs bound pods hold by count, GPUs they hold by gputopo's record), beyond what
+        live reservations and the kubelet's exact report account for."""
+        use = self._kubelet.get(node)
+        located = {h.pod_key for h in use.held.values()} if use is not None and use.known else set()
+        return self.holding(node, live=live, located=located)
 
     def held(self, node: str, *, live: Callable[[str], bool], located: Collection[str] = ()) -> int:
         """GPUs of a node that pods hold by count (`holding`'s first half)."""
