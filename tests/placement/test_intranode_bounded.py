@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from gputopo.placement import intranode, links
 from gputopo.placement.intranode import choose, figures_of, twin_classes
-from gputopo.placement.pcieserver import pcie_server, switch_groups
 from gputopo.placement.ringbound import bounded_ring
 from gputopo.shape import node_shape
+from gputopo.sim.pcieserver import pcie_server, switch_groups
 from tests.builders import nvswitch_node, pcie_node
 
 Matrix = tuple[tuple[float, ...], ...]
