@@ -9,8 +9,11 @@ incarnation, each message a larger sequence; anything not newer than the last ac
 is ignored, so replays and late duplicates can never undo newer facts. A node that has not
 reported for `stale_after_s` is stale: kept for display, not placeable.
 
-Reservations live in a `ReservationBook` (`gputopo.reservations`, behind a store protocol);
-the state delegates to it and announces the nodes whose free GPUs moved.
+What holds GPUs is composed of two parts, each reporting the nodes it moved through its
+`on_change`: gputopo's own promises in a `ReservationBook` (`gputopo.reservations`; the
+placement core keeps them in a store), and everything else in `Occupancy`
+(`aggregator.occupancy`: pods bound by anyone, the kubelet's exact report, DRA claims, and the
+precedence between them). A node's free GPUs are the book's, less what occupancy holds.
 
 A node's topology as placement sees it is what its exporter reported with the fabric position
 replaced by the merge of every inter-node source (`aggregator.fabric`: inventory, NVML, labels

@@ -75,9 +75,9 @@ class Prediction:
 
 
 class RejectionCode(enum.StrEnum):
-    """Why a domain was turned down, for machines (a gang binder tells waiting from
-    unschedulable by it). The values are the wire strings; placement.proto's comment on
-    `Rejection.code` lists exactly these (a test holds the two together)."""
+    """Why a domain was turned down, for machines (enough for a caller to tell "wait for GPUs
+    to free up" from "cannot fit as asked"). The values are the wire strings; placement.proto's
+    comment on `Rejection.code` lists exactly these (a test holds the two together)."""
 
     INSUFFICIENT_GPUS = "insufficient_gpus"  # fewer free GPUs than needed
     FRAGMENTED = "fragmented"  # enough free GPUs, not in the shape asked for
