@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from dataclasses import replace
 
 import pytest
 
@@ -21,6 +22,7 @@ from gputopo.core import (
     PlacementCore,
     UnavailableError,
 )
+from gputopo.delta import DeltaError, NodeDelta
 from gputopo.placement.result import PlacementResult, PodPlacement
 from gputopo.request import Group, PlacementRequest
 from gputopo.reservations import MemoryStore, Reservation, StoreError
@@ -170,3 +172,17 @@ def test_the_answer_names_each_gpus_uuid_and_nearest_nic() -> None:
     assert len(pod.nics) == 4
     assert set(pod.nics) <= {"eth0", "eth1"}
     assert decision.generation == core.state.snapshot().generation
+
+
+def test_the_state_refuses_a_delta_its_base_cannot_take_before_changing_anything() -> None:
+    # Moved from ingest into the state, where the incarnation rule it re-stated lives.
+    now = [1000.0]
+    state = ClusterState(clock=lambda: now[0])
+    node = pcie_node("n1", gpus=2)
+    state.apply_snapshot(node, incarnation=5, sequence=1)
+    stray = replace(node.gpus[0], index=3)  # the node has GPUs 0 and 1: a new one is 2
+    with pytest.raises(DeltaError, match=r"delta\.gpus\[0\]\.index: is 3; the node has 2"):
+        state.apply_delta("n1", NodeDelta(gpus=(stray,)), incarnation=5, sequence=2)
+    record = state.record("n1")
+    assert record is not None
+    assert (record.sequence, record.topology.gpu_count) == (1, 2)
