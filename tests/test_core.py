@@ -26,6 +26,7 @@ from gputopo.delta import DeltaError, NodeDelta
 from gputopo.placement.result import PlacementResult, PodPlacement
 from gputopo.request import Group, PlacementRequest
 from gputopo.reservations import MemoryStore, Reservation, StoreError
+from tests import looptime
 from tests.builders import pcie_node
 
 FOUR = PlacementRequest(groups=(Group("tp", gpus_per_pod=4),), job="ns/train")
@@ -186,3 +187,59 @@ def test_the_state_refuses_a_delta_its_base_cannot_take_before_changing_anything
     record = state.record("n1")
     assert record is not None
     assert (record.sequence, record.topology.gpu_count) == (1, 2)
+
+
+class FlakyStore(MemoryStore):
+    """A store that cannot be read the first `failures` times (an API server starting up)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def load(self, *, now: float) -> list[Reservation]:
+        if self.failures:
+            self.failures -= 1
+            raise StoreError("connection refused")
+        return await super().load(now=now)
+
+
+def test_restore_backs_off_until_the_store_answers_in_loop_time() -> None:
+    # Fake loop time (tests/looptime.py): 0.5 s then 1 s of backoff, and no real second spent.
+    async def scenario() -> tuple[int, float]:
+        loop = asyncio.get_running_loop()
+        core = PlacementCore(
+            state=_state([1000.0]), clock=loop.time, store=FlakyStore(2), restored=False
+        )
+        start = loop.time()
+        restored = await core.restore()
+        return restored, loop.time() - start
+
+    assert looptime.run(scenario()) == (0, 1.5)
+
+
+def test_an_unrestored_leader_says_unavailable_after_ten_seconds_of_loop_time() -> None:
+    async def scenario() -> float:
+        loop = asyncio.get_running_loop()
+        core = PlacementCore(state=_state([1000.0]), clock=loop.time, restored=False)
+        start = loop.time()
+        with pytest.raises(UnavailableError, match="still being restored"):
+            await core.commit("any")
+        return loop.time() - start
+
+    assert looptime.run(scenario()) == 10.0
+
+
+def test_an_expired_reservation_frees_its_gpus_and_leaves_the_store() -> None:
+    async def scenario() -> tuple[int, int, list[Reservation]]:
+        loop = asyncio.get_running_loop()
+        store = MemoryStore()
+        state = ClusterState(clock=loop.time)
+        state.add_static(pcie_node("n1", gpus=8))
+        core = PlacementCore(state=state, clock=loop.time, store=store)
+        await core.place(FOUR, ttl_s=30.0)
+        held = len(state.snapshot().node("n1").free)
+        await asyncio.sleep(30.0)  # the TTL, in loop time
+        gone = await core.sync()
+        return held, gone, store.stored()
+
+    assert looptime.run(scenario(), start=1000.0) == (4, 1, [])
