@@ -16,6 +16,9 @@ The GPU count follows Kubernetes' own rule for a pod's effective request
    at least its GPUs plus theirs, so the larger of (1) and the largest of these counts;
 3. plus the pod's `spec.overhead`, when it names a GPU resource.
 
+GPU resources are whole GPUs (`nvidia.com/gpu`), time-slicing replicas (`nvidia.com/gpu.shared`)
+and MIG slices (`nvidia.com/mig-*`), each of the latter two counted as holding a GPU.
+
 A container asks with its limits (requests when no limit is given: Kubernetes defaults one to
 the other for extended resources, and they must be equal).
 """
@@ -33,6 +36,7 @@ __all__ = [
     "GPU_RESOURCES",
     "GROUP_LABEL",
     "MESSAGE_BYTES_ANNOTATION",
+    "MIG_RESOURCE_PREFIX",
     "NODE_ANNOTATION",
     "PATTERN_ANNOTATION",
     "PLACE_KEYS",
@@ -53,7 +57,12 @@ __all__ = [
 ]
 
 PREFIX = "gputopo.io/"
-GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu",)
+# Whole GPUs, and time-slicing replicas of NVIDIA's plugin renamed (renameByDefault): a replica
+# holds (a share of) one GPU, which is then not free for a whole-GPU placement.
+GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+# MIG slices (nvidia.com/mig-<profile>) each hold a piece of some GPU: counted as one GPU each,
+# conservatively, where nothing says which GPU.
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
 # Set by users.
 GROUP_LABEL = PREFIX + "group"  # which group of the gang's request a pod fills
@@ -111,7 +120,8 @@ def _container_gpus(container: Mapping[str, Any], names: Collection[str]) -> int
     res = container.get("resources") or {}
     limits = res.get("limits") or {}
     requests = res.get("requests") or {}
-    return sum(_asked(limits if name in limits else requests, (name,)) for name in names)
+    mig = sorted({str(n) for n in (*limits, *requests) if str(n).startswith(MIG_RESOURCE_PREFIX)})
+    return sum(_asked(limits if name in limits else requests, (name,)) for name in (*names, *mig))
 
 
 def pod_gpus(pod: Mapping[str, Any], resources: Collection[str] = GPU_RESOURCES) -> int:

@@ -110,3 +110,16 @@ def test_a_partial_record_is_no_record(annotations: dict[str, str], want: None) 
 )
 def test_decoding_recorded_gpus(text: str, count: int | None, want: set[int]) -> None:
     assert decode_gpus(text, count) == frozenset(want)
+
+
+@pytest.mark.parametrize(
+    ("limits", "want"),
+    [
+        pytest.param({"nvidia.com/gpu.shared": "1"}, 1, id="a renamed time-slicing replica"),
+        pytest.param({"nvidia.com/mig-1g.10gb": "2"}, 2, id="MIG slices, one GPU each"),
+        pytest.param({"example.com/fpga": "1"}, 0, id="another device is no GPU"),
+    ],
+)
+def test_shared_and_sliced_gpus_count_as_held(limits: dict[str, str], want: int) -> None:
+    pod = _pod([{"name": "c", "resources": {"limits": limits}}])
+    assert pod_gpus(pod) == want
