@@ -17,8 +17,8 @@ http://<aggregator>/scheduler`, `filterVerb: filter`, `prioritizeVerb: prioritiz
     POST /scheduler/filter      ExtenderArgs -> ExtenderFilterResult
     POST /scheduler/prioritize  ExtenderArgs -> HostPriorityList
 
-A pod's GPU count is the sum of its containers' `nvidia.com/gpu` limits (requests when no
-limit). Annotations steer it:
+A pod's GPU count is its effective `nvidia.com/gpu` request as Kubernetes counts it
+(`gputopo.pods.pod_gpus`). Annotations steer it:
 
 - `gputopo.io/reservation: <id>`: the pod belongs to a placement reserved through Place; only
   the node(s) that placement chose pass the filter (`gputopo.io/group`, `gputopo.io/replica`
@@ -29,33 +29,27 @@ limit). Annotations steer it:
 
 Without a reservation each node is judged on its own (`gputopo.placement.pernode`): fit, the
 predicted collective on its best free GPUs, and damage to whole free nodes and domains.
+
+This module only translates: JSON to messages or a `gputopo.pods.PodAsk`, the placement core's
+answers back to JSON, its typed refusals to HTTP statuses. What to answer is the core's
+(`gputopo.core.PlacementCore`: the verbs, `judge` and `rank`).
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import grpc
 from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from aggregator.occupancy import pod_gpus
-from aggregator.service import PlacementError, PlacementService
+from aggregator.service import PlacementService
 from gputopo.codec.placement import request_json_with_wire_names
-from gputopo.placement.pernode import fit_on_nodes, scores
-from gputopo.request import (
-    DEFAULT_MESSAGE_BYTES,
-    DEFAULT_PATTERN,
-    Group,
-    RequestError,
-    Scope,
-    pattern_from_text,
-    scope_from_text,
-)
+from gputopo.core import PlacementError
+from gputopo.pods import pod_ask
+from gputopo.request import RequestError
 from gputopo.runtime.identity import caller_of_http
 from gputopo.v1 import placement_pb2 as ppb
 
@@ -64,13 +58,12 @@ __all__ = ["GPU_RESOURCE", "add_placement_routes"]
 log = logging.getLogger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
-_ANNOTATION = "gputopo.io/"
 
 _HTTP_STATUS = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.UNAVAILABLE: 503,
+    "INVALID_ARGUMENT": 400,
+    "NOT_FOUND": 404,
+    "PERMISSION_DENIED": 403,
+    "UNAVAILABLE": 503,
 }
 
 
@@ -80,10 +73,8 @@ def _to_json(message: Message) -> dict[str, Any]:
     )
 
 
-def _error(status: grpc.StatusCode, message: str) -> web.Response:
-    return web.json_response(
-        {"error": message, "code": status.name}, status=_HTTP_STATUS.get(status, 500)
-    )
+def _error(code: str, message: str) -> web.Response:
+    return web.json_response({"error": message, "code": code}, status=_HTTP_STATUS.get(code, 500))
 
 
 def _caller(request: web.Request) -> str:
@@ -93,7 +84,7 @@ def _caller(request: web.Request) -> str:
 
 
 def _mirror(
-    handler: Callable[[Any, str], Message | Awaitable[Message]],
+    handler: Callable[[Any, str], Awaitable[Message]],
     message_type: type[Message],
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     """An aiohttp handler that parses `message_type` from JSON, calls `handler` with it and the
@@ -107,34 +98,29 @@ def _mirror(
         try:
             body = await request.json()
         except ValueError as err:
-            return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body: not JSON ({err})")
+            return _error("INVALID_ARGUMENT", f"body: not JSON ({err})")
         if not isinstance(body, dict):
             got = type(body).__name__
-            return _error(
-                grpc.StatusCode.INVALID_ARGUMENT, f"body: a JSON object expected, not {got}"
-            )
+            return _error("INVALID_ARGUMENT", f"body: a JSON object expected, not {got}")
         try:
             if "request" in body:
                 body = {**body, "request": request_json_with_wire_names(body["request"])}
         except RequestError as err:
-            return _error(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            return _error("INVALID_ARGUMENT", str(err))
         try:
             msg = json_format.ParseDict(body, message_type())
         except json_format.ParseError as err:
-            return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body: {err}")
+            return _error("INVALID_ARGUMENT", f"body: {err}")
         try:
-            answer = handler(msg, _caller(request))
-            if inspect.isawaitable(answer):
-                answer = await answer
-            return web.json_response(_to_json(answer))
+            return web.json_response(_to_json(await handler(msg, _caller(request))))
         except PlacementError as err:
-            return _error(err.status, err.message)
+            return _error(err.code, err.message)
 
     return serve
 
 
 class _Extender:
-    """kube-scheduler extender verbs over the service's cluster state."""
+    """kube-scheduler extender verbs: the placement core judges, this translates."""
 
     def __init__(self, service: PlacementService, callers: frozenset[str] | None) -> None:
         self._service = service
@@ -151,7 +137,7 @@ class _Extender:
         log.warning("extender: refused %s", repr(caller) if caller else "a caller without a name")
         allowed = ", ".join(sorted(self._callers)) or "nobody (no --extender-client)"
         return _error(
-            grpc.StatusCode.PERMISSION_DENIED,
+            "PERMISSION_DENIED",
             f"client certificate: {caller!r} may not call the extender; allowed: {allowed}",
         )
 
@@ -162,7 +148,7 @@ class _Extender:
         if isinstance(args, web.Response):
             return args
         pod, names, nodes_obj = args
-        verdicts = self._judge(pod, names)
+        verdicts = self._service.core.judge(pod_ask(pod), names)
         passed = [n for n in names if verdicts[n] == ""]
         failed = {n: why for n, why in verdicts.items() if why}
         result: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": {}}
@@ -184,60 +170,8 @@ class _Extender:
         if isinstance(args, web.Response):
             return args
         pod, names, _ = args
-        gpus = pod_gpus(pod)
-        annotations = _annotations(pod)
-        pinned = self._reserved_nodes(annotations)
-        if gpus == 0:
-            points: Mapping[str, int] = {}
-        elif pinned is not None:
-            points = {n: 10 for n in names if n in pinned}
-        else:
-            snapshot = self._service.state.snapshot()
-            fits = fit_on_nodes(
-                snapshot, names, _group(annotations, gpus), island=_island(annotations)
-            )
-            points = scores(fits)
+        points = self._service.core.rank(pod_ask(pod), names)
         return web.json_response([{"Host": n, "Score": points.get(n, 0)} for n in names])
-
-    def _judge(self, pod: Mapping[str, Any], names: list[str]) -> dict[str, str]:
-        """Node -> "" when the pod may go there, else the reason it may not."""
-        gpus = pod_gpus(pod)
-        annotations = _annotations(pod)
-        if gpus == 0:
-            return dict.fromkeys(names, "")
-        pinned = self._reserved_nodes(annotations)
-        if pinned is not None:
-            rid = annotations.get(_ANNOTATION + "reservation", "")
-            why = (
-                f"reservation {rid} placed this pod elsewhere"
-                if pinned
-                else f"reservation {rid} is unknown, released or expired"
-            )
-            return {n: "" if n in pinned else why for n in names}
-        snapshot = self._service.state.snapshot()
-        fits = fit_on_nodes(snapshot, names, _group(annotations, gpus), island=_island(annotations))
-        return {f.node: "" if f.fits else f.reason for f in fits}
-
-    def _reserved_nodes(self, annotations: Mapping[str, str]) -> set[str] | None:
-        """The nodes a pod's reservation chose for it (None when it names none; empty when the
-        reservation is unknown or expired, so the pod waits rather than lands anywhere)."""
-        rid = annotations.get(_ANNOTATION + "reservation")
-        if not rid:
-            return None
-        res = self._service.state.reservation(rid)
-        if res is None or res.result is None:
-            return set()
-        want = {k: annotations.get(_ANNOTATION + k) for k in ("group", "replica", "pod")}
-        out = set()
-        for p in res.result.pods:
-            if want["group"] is not None and p.group != want["group"]:
-                continue
-            if want["replica"] is not None and str(p.replica) != want["replica"]:
-                continue
-            if want["pod"] is not None and str(p.pod) != want["pod"]:
-                continue
-            out.add(p.node)
-        return out
 
 
 async def _extender_args(
@@ -302,35 +236,6 @@ def _node_name(item: Mapping[str, Any]) -> str:
     return str((item.get("metadata") or {}).get("name", ""))
 
 
-def _annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:
-    found = (pod.get("metadata") or {}).get("annotations") or {}
-    return {str(k): str(v) for k, v in found.items()}
-
-
-def _island(annotations: Mapping[str, str]) -> bool:
-    """Whether the scope annotation asks for one NVLink island, in any spelling of it (`nvlink`,
-    `nvlink-domain`, `SCOPE_NVLINK`); another scope or an unreadable one asks for none here."""
-    text = annotations.get(_ANNOTATION + "scope", "")
-    try:
-        return bool(text) and scope_from_text("scope", text) is Scope.NVLINK
-    except RequestError:
-        return False
-
-
-def _group(annotations: Mapping[str, str], gpus: int) -> Group:
-    # Either spelling (`all-reduce`, `PATTERN_ALL_REDUCE`), as in every form of a request; an
-    # absent or unreadable one is the default a request without `pattern` gets.
-    try:
-        pattern = pattern_from_text("pattern", annotations.get(_ANNOTATION + "pattern"))
-    except RequestError:
-        pattern = DEFAULT_PATTERN
-    try:
-        size = int(annotations.get(_ANNOTATION + "message-bytes", DEFAULT_MESSAGE_BYTES))
-    except ValueError:
-        size = DEFAULT_MESSAGE_BYTES
-    return Group("pod", gpus_per_pod=gpus, pattern=pattern, message_bytes=max(size, 0))
-
-
 def add_placement_routes(
     app: web.Application,
     service: PlacementService,
@@ -344,16 +249,16 @@ def add_placement_routes(
     """
 
     async def place(msg: ppb.PlaceRequest, caller: str) -> Message:
-        return await service.place_kept(msg, caller=caller)
+        return await service.place(msg, caller=caller)
 
     async def commit(msg: ppb.CommitRequest, caller: str) -> Message:
-        return await service.commit_kept(msg, caller=caller)
+        return await service.commit(msg, caller=caller)
 
     async def release(msg: ppb.ReleaseRequest, caller: str) -> Message:
-        return await service.release_kept(msg, caller=caller)
+        return await service.release(msg, caller=caller)
 
     async def explain(msg: ppb.ExplainRequest, _caller: str) -> Message:
-        return await service.explain_kept(msg)
+        return await service.explain(msg)
 
     app.router.add_post("/api/v1/placement/place", _mirror(place, ppb.PlaceRequest))
     app.router.add_post("/api/v1/placement/commit", _mirror(commit, ppb.CommitRequest))

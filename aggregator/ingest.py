@@ -56,10 +56,9 @@ from gputopo.codec import (
     seconds,
     topology_from_proto,
 )
-from gputopo.delta import NodeDelta
+from gputopo.delta import DeltaError
 from gputopo.gpu_use import GpuUse
 from gputopo.runtime.identity import node_of_peer, report_denial
-from gputopo.topology import DeviceKind, NodeTopology
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
@@ -221,7 +220,7 @@ class ReporterService(rgrpc.ReporterServicer):
                     elif claim is not None and msg.incarnation > claim.incarnation:
                         claim.incarnation = msg.incarnation
                     outcome = self._apply(msg, kind)
-                except CodecError as err:
+                except (CodecError, DeltaError) as err:  # a delta its base cannot take, too
                     self.stats.rejected[re.sub(r"\[\d+\]", "[]", err.field)] += 1
                     self.stats.messages[(kind, "rejected")] += 1
                     log.warning(
@@ -323,9 +322,6 @@ class ReporterService(rgrpc.ReporterServicer):
         elif kind == "delta":
             delta = delta_from_proto(msg.delta)
             probes = _peer_probes(msg.delta, msg.node_name)
-            rec = self._state.record(msg.node_name)
-            if rec is not None and rec.reported is not None and rec.incarnation == msg.incarnation:
-                _check_delta(rec.reported, delta)
             outcome = self._state.apply_delta(msg.node_name, delta, **seq)
         elif kind == "heartbeat":
             outcome = self._state.heartbeat(msg.node_name, **seq)
@@ -393,26 +389,3 @@ def _peer_probes(msg: rpb.Delta, node: str) -> list[tuple[str, float]]:
                 raise CodecError(f"{path}.measured.latency_us", "must be a positive number")
             out.append((peer, measured.latency_us))
     return out
-
-
-def _check_delta(base: NodeTopology, delta: NodeDelta) -> None:
-    """CodecError unless the delta keeps devices numbered 0..n-1 and links on real devices."""
-    counts: dict[DeviceKind, int] = {}
-    for kind, device, have, upserts in (
-        ("gpus", DeviceKind.GPU, len(base.gpus), [g.index for g in delta.gpus]),
-        ("nics", DeviceKind.NIC, len(base.nics), [n.index for n in delta.nics]),
-    ):
-        indices = set(range(have)) | set(upserts)
-        if indices != set(range(len(indices))):
-            i, bad = next((i, x) for i, x in enumerate(upserts) if x >= len(indices))
-            raise CodecError(
-                f"delta.{kind}[{i}].index",
-                f"is {bad}; the node has {have}, so new ones must continue at {have}",
-            )
-        counts[device] = len(indices)
-    numa = {n.id for n in base.numa_nodes}
-    for i, link in enumerate(delta.links):
-        for end, ref in (("a", link.a), ("b", link.b)):
-            ok = ref.index in numa if ref.kind is DeviceKind.NUMA else ref.index < counts[ref.kind]
-            if not ok:
-                raise CodecError(f"delta.links[{i}].{end}", f"no such device {ref}")

@@ -24,8 +24,8 @@ from aggregator.ingest import FRESHNESS_BUCKETS, IngestStats
 from aggregator.metric_names import METRIC_NAMES
 from aggregator.probes import ProbeCoordinator
 from aggregator.publisher import LabelPublisher
-from aggregator.service import PLACEMENT_BUCKETS, PlacementStats
 from aggregator.state import ClusterState
+from gputopo.core import PLACEMENT_BUCKETS, PlacementStats
 from gputopo.domains import NODE
 from gputopo.runtime.leader import LeaderElector
 from gputopo.runtime.metrics import family, histogram_family

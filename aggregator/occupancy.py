@@ -1,13 +1,13 @@
-"""GPUs that pods bound by anyone hold, counted from the Pod objects.
+"""What holds a node's GPUs besides gputopo's own reservations: pods, the kubelet, DRA claims.
 
 Beside a real kube-scheduler, gputopo reserved a node that was already full: kube-scheduler had
 bound pods holding 14 GPUs, and gputopo still said `free 136 of 136`. Every pod bound to a node
 and not finished holds the GPUs its containers ask for, whoever scheduled it, so the state takes
 them out of the node's free GPUs:
 
-1. A pod's GPUs: the sum of its containers' limits of a GPU resource (`nvidia.com/gpu`, or the
-   names given; requests when no limit), or the largest init container's if that is more, as
-   Kubernetes counts a pod's effective request.
+1. A pod's GPUs: its effective request of a GPU resource (`nvidia.com/gpu`, or the names
+   given) as Kubernetes counts it, init containers, sidecars and overhead included
+   (`gputopo.pods.pod_gpus`, the one rule the binder and the extender use too).
 2. A pod counts while it is bound (`spec.nodeName`) and not `Succeeded` or `Failed`: a
    terminating pod still holds its devices until its containers stop.
 3. A pod that carries `gputopo.io/reservation` of a live reservation is already held by the
@@ -29,9 +29,22 @@ names are not counted again; a pod bound but not yet reported by the kubelet sti
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from aggregator.claims import ClaimedDevice, located
+from gputopo.gpu_use import GpuUse
+from gputopo.pods import (
+    GPU_RESOURCES,
+    GPUS_ANNOTATION,
+    RESERVATION_ANNOTATION,
+    annotations_of,
+    decode_gpus,
+    pod_gpus,
+    pod_key,
+)
+from gputopo.topology import NodeTopology
 
 __all__ = [
     "GPU_RESOURCES",
@@ -43,40 +56,8 @@ __all__ = [
     "pod_use",
 ]
 
-# Whole GPUs, and time-slicing replicas of NVIDIA's plugin renamed (renameByDefault): a replica
-# holds (a share of) one GPU, which is then not free for a whole-GPU placement.
-GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
-RESERVATION_ANNOTATION = "gputopo.io/reservation"
-RECORDED_GPUS_ANNOTATION = "gputopo.io/gpus"  # the binder's record: "0,1,2,3"
+RECORDED_GPUS_ANNOTATION = GPUS_ANNOTATION  # the binder's record: "0,1,2,3"
 _DONE = frozenset({"Succeeded", "Failed"})
-
-
-def pod_gpus(pod: Mapping[str, Any], resources: Collection[str] = GPU_RESOURCES) -> int:
-    """GPUs a pod's containers ask for (limits, else requests); the largest init container's
-    when that is more, as Kubernetes counts a pod's effective request."""
-    spec = pod.get("spec") or {}
-
-    def ask(container: Mapping[str, Any]) -> int:
-        res = container.get("resources") or {}
-        limits, requests = res.get("limits") or {}, res.get("requests") or {}
-        # MIG slices (nvidia.com/mig-<profile>) each hold a piece of some GPU: counted as one,
-        # conservatively, where the kubelet does not say which (claims.py, PodResources do).
-        mig = {n for n in (*limits, *requests) if str(n).startswith(MIG_RESOURCE_PREFIX)}
-        total = 0
-        for name in (*resources, *sorted(mig)):
-            value = limits.get(name)
-            if value is None:
-                value = requests.get(name, 0)
-            try:
-                total += int(str(value))
-            except ValueError:
-                continue  # an extended resource is a whole number; anything else asks for none
-        return total
-
-    main = sum(ask(c) for c in spec.get("containers") or [])
-    init = max((ask(c) for c in spec.get("initContainers") or []), default=0)
-    return max(main, init)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,58 +73,67 @@ class PodUse:
 
 def pod_use(pod: Mapping[str, Any], resources: Collection[str] = GPU_RESOURCES) -> PodUse | None:
     """The GPUs a pod holds now, or None when it holds none (unbound, finished, no GPUs)."""
-    meta = pod.get("metadata") or {}
     node = str((pod.get("spec") or {}).get("nodeName") or "")
     phase = str((pod.get("status") or {}).get("phase") or "")
     gpus = pod_gpus(pod, resources)
     if not node or phase in _DONE or gpus <= 0:
         return None
-    annotations = meta.get("annotations") or {}
+    annotations = annotations_of(pod)
     return PodUse(
-        key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+        key=pod_key(pod),
         node=node,
         gpus=gpus,
-        reservation=str(annotations.get(RESERVATION_ANNOTATION, "")),
-        recorded=_recorded(str(annotations.get(RECORDED_GPUS_ANNOTATION, "")), gpus),
+        reservation=annotations.get(RESERVATION_ANNOTATION, ""),
+        recorded=decode_gpus(annotations.get(GPUS_ANNOTATION, ""), gpus),
     )
 
 
-def _recorded(text: str, gpus: int) -> frozenset[int]:
-    """The recorded GPU indices when they are as many distinct indices as the pod holds;
-    anything else (absent, malformed, another count) locates nothing and the pod is counted."""
-    try:
-        indices = frozenset(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        return frozenset()
-    if len(indices) != gpus or any(i < 0 for i in indices):
-        return frozenset()
-    return indices
+def _noop(nodes: Iterable[str]) -> None:
+    return None
 
 
 class Occupancy:
-    """Bound pods and the GPUs they hold, per node (see the module docstring)."""
+    """What holds a node's GPUs besides gputopo's reservations, from every source, and the
+    precedence between them (see the module docstring): bound pods, the kubelet's exact report
+    and DRA ResourceClaims. Each change reports the nodes whose free GPUs may have moved through
+    `on_change`, as the reservation book does; the cluster state composes the two."""
 
-    def __init__(self, resources: Collection[str] = GPU_RESOURCES) -> None:
+    def __init__(
+        self,
+        resources: Collection[str] = GPU_RESOURCES,
+        *,
+        on_change: Callable[[Iterable[str]], None] = _noop,
+    ) -> None:
         self.resources = tuple(resources)
+        self._on_change = on_change
         self._pods: dict[str, PodUse] = {}
         self._by_node: dict[str, dict[str, PodUse]] = {}
+        # The exact GPUs each node's kubelet says it handed out (from the exporters).
+        self._kubelet: dict[str, GpuUse] = {}
+        # Devices of GPU drivers that DRA ResourceClaims hold, by claim (namespace/name), and
+        # the same by node, which is what every free-GPU question asks.
+        self._claims: dict[str, tuple[ClaimedDevice, ...]] = {}
+        self._claimed: dict[str, dict[str, tuple[ClaimedDevice, ...]]] = {}
+
+    # --- the sources --------------------------------------------------------------------
 
     def upsert(self, pod: Mapping[str, Any]) -> set[str]:
         """Take a pod as it is now; the nodes whose count may have moved."""
-        meta = pod.get("metadata") or {}
-        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        key = pod_key(pod)
         moved = self._drop(key)
         use = pod_use(pod, self.resources)
         if use is not None:
             self._pods[key] = use
             self._by_node.setdefault(use.node, {})[key] = use
             moved.add(use.node)
+        self._on_change(moved)
         return moved
 
     def remove(self, pod: Mapping[str, Any]) -> set[str]:
         """Forget a deleted pod; the nodes whose count moved."""
-        meta = pod.get("metadata") or {}
-        return self._drop(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+        moved = self._drop(pod_key(pod))
+        self._on_change(moved)
+        return moved
 
     def _drop(self, key: str) -> set[str]:
         old = self._pods.pop(key, None)
@@ -155,9 +145,90 @@ class Occupancy:
             self._by_node.pop(old.node, None)
         return {old.node}
 
+    def set_kubelet_use(self, node: str, use: GpuUse | None) -> None:
+        """What a node's kubelet says is held (None: its exporter does not ask the kubelet)."""
+        if self._kubelet.get(node) == use:
+            return
+        if use is None:
+            self._kubelet.pop(node, None)
+        else:
+            self._kubelet[node] = use
+        self._on_change((node,))
+
+    def kubelet_use(self, node: str) -> GpuUse | None:
+        """What a node's kubelet last said is held."""
+        return self._kubelet.get(node)
+
+    def set_claim(self, claim: str, devices: Iterable[ClaimedDevice]) -> None:
+        """The GPU devices a DRA ResourceClaim holds now (none: deallocated or deleted)."""
+        found = tuple(devices)
+        old = self._claims.get(claim, ())
+        if found == old:
+            return
+        if found:
+            self._claims[claim] = found
+        else:
+            self._claims.pop(claim, None)
+        moved = sorted({d.node for d in (*old, *found)})
+        for node in moved:
+            on_node = self._claimed.setdefault(node, {})
+            here = tuple(d for d in found if d.node == node)
+            if here:
+                on_node[claim] = here
+            else:
+                on_node.pop(claim, None)
+            if not on_node:
+                del self._claimed[node]
+        self._on_change(moved)
+
+    def claimed(self, node: str) -> list[ClaimedDevice]:
+        """Devices of GPU drivers that claims hold on a node."""
+        return sorted(d for devices in self._claimed.get(node, {}).values() for d in devices)
+
     def pods(self, node: str) -> list[PodUse]:
         """The pods that hold GPUs of a node."""
         return sorted(self._by_node.get(node, {}).values(), key=lambda p: p.key)
+
+    # --- the precedence -----------------------------------------------------------------
+
+    def free(
+        self,
+        node: str,
+        unreserved: frozenset[int],
+        *,
+        live: Callable[[str], bool],
+        topology: NodeTopology | None = None,
+    ) -> frozenset[int]:
+        """Which of a node's `unreserved` GPUs (those no live reservation holds) nothing else
+        holds, in this order: the kubelet's exact report, DRA claims of located devices, pods
+        by gputopo's record; then as many as pods and unlocated claims hold by count, the
+        highest indices first. `live(rid)`: whether a reservation is live (its pods are the
+        book's already). With the node's `topology`, a claimed device is located by its
+        ResourceSlice `uuid` (exact), else by the index its name carries."""
+        free = unreserved
+        use = self._kubelet.get(node)
+        if use is not None and use.known:
+            free = free.difference(use.held)
+        claimed = self.claimed(node)
+        if topology is not None:
+            pinned_claims, unlocated = located(claimed, topology)
+        else:
+            pinned_claims = frozenset(d.gpu for d in claimed if d.gpu is not None)
+            unlocated = sum(1 for d in claimed if d.gpu is None)
+        free = free.difference(pinned_claims)
+        counted, pinned = self.pods_holding(node, live=live)
+        free = free.difference(pinned)
+        taken = counted + unlocated
+        if not taken:
+            return free
+        return frozenset(sorted(free)[: max(len(free) - taken, 0)])
+
+    def pods_holding(self, node: str, *, live: Callable[[str], bool]) -> tuple[int, frozenset[int]]:
+        """(GPUs bound pods hold by count, GPUs they hold by gputopo's record), beyond what
+        live reservations and the kubelet's exact report account for."""
+        use = self._kubelet.get(node)
+        located = {h.pod_key for h in use.held.values()} if use is not None and use.known else set()
+        return self.holding(node, live=live, located=located)
 
     def held(self, node: str, *, live: Callable[[str], bool], located: Collection[str] = ()) -> int:
         """GPUs of a node that pods hold by count (`holding`'s first half)."""

@@ -12,23 +12,27 @@ the aggregator's namespace (CRD in `deploy/aggregator/crd-gpureservations.yaml`)
 3. Expiry happens in memory first (the GPUs are free at once); `sync` then deletes the objects of
    reservations the book no longer has, so a failed delete is retried, not forgotten.
 
-The book (`gputopo.reservations`) stays in memory and synchronous, so a decision still runs from
-snapshot to reservation in one turn of the event loop; only the answer waits for the write.
+This is the aggregator's `ReservationStore` (`gputopo.reservations`): the placement core
+(`gputopo.core`) calls it before it answers, and restores from it when this replica starts to
+lead. The book stays in memory and synchronous, so a reservation is made in one turn of the
+event loop, on GPUs checked to be still free; only the answer waits for the write. Every
+failure of the API server reaches the core as a `StoreError`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import Any, ParamSpec, TypeVar
 from urllib.parse import quote
 
 from google.protobuf import json_format
 
 from gputopo.codec import result_from_proto, result_to_proto
-from gputopo.reservations import Reservation
-from gputopo.runtime.kube import MERGE_PATCH, ConflictError, KubeClient, NotFoundError
+from gputopo.reservations import Reservation, StoreError
+from gputopo.runtime.kube import MERGE_PATCH, ConflictError, KubeClient, KubeError, NotFoundError
 from gputopo.v1 import placement_pb2 as ppb
 
 __all__ = [
@@ -44,6 +48,24 @@ log = logging.getLogger(__name__)
 API_VERSION = "gputopo.io/v1alpha1"
 KIND = "GpuReservation"
 _PLURAL = "gpureservations"
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _as_store_error(
+    call: Callable[_P, Coroutine[Any, Any, _T]],
+) -> Callable[_P, Coroutine[Any, Any, _T]]:
+    """The API server's refusals as the store protocol's `StoreError` (same message)."""
+
+    @functools.wraps(call)
+    async def wrapped(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return await call(*args, **kwargs)
+        except KubeError as err:
+            raise StoreError(str(err)) from err
+
+    return wrapped
 
 
 def reservation_to_object(res: Reservation, namespace: str) -> dict[str, Any]:
@@ -108,7 +130,8 @@ def reservation_from_object(obj: Mapping[str, Any]) -> Reservation:
 
 
 class KubePromises:
-    """Reservations as GpuReservation objects in one namespace (see the module docstring)."""
+    """Reservations as GpuReservation objects in one namespace (see the module docstring): a
+    `gputopo.reservations.ReservationStore`."""
 
     def __init__(self, kube: KubeClient, namespace: str) -> None:
         self._kube = kube
@@ -116,6 +139,7 @@ class KubePromises:
         self._path = f"/apis/gputopo.io/v1alpha1/namespaces/{quote(namespace)}/{_PLURAL}"
         self.stored: set[str] = set()
 
+    @_as_store_error
     async def put(self, res: Reservation) -> None:
         """Create the object, or patch it when it exists (Commit): one round trip either way,
         two only when this replica did not know it was stored."""
@@ -134,12 +158,14 @@ class KubePromises:
         )
         self.stored.add(res.id)
 
+    @_as_store_error
     async def delete(self, rid: str) -> None:
         """Delete the object (already gone is fine)."""
         with contextlib.suppress(NotFoundError):
             await self._kube.request("DELETE", f"{self._path}/{quote(rid)}")
         self.stored.discard(rid)
 
+    @_as_store_error
     async def load(self, *, now: float) -> list[Reservation]:
         """Every live reservation stored; expired and malformed objects are deleted."""
         items, _ = await self._kube.list_all(self._path)
@@ -159,6 +185,7 @@ class KubePromises:
             self.stored.add(res.id)
         return live
 
+    @_as_store_error
     async def sync(self, live: Iterable[str]) -> int:
         """Delete the objects of reservations no longer live (expired); returns how many."""
         gone = self.stored - set(live)

@@ -19,7 +19,6 @@ looks like to the other replicas, for tests.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -44,19 +43,21 @@ from aggregator.probes import ProbeCoordinator
 from aggregator.promises import KubePromises
 from aggregator.publisher import LabelPublisher, PublisherConfig, node_facts
 from aggregator.schedwriter import SchedulerObjectWriter
-from aggregator.service import (
+from aggregator.service import PlacementService
+from aggregator.state import ClusterState
+from aggregator.tokens import DEFAULT_AUDIENCE, TokenNodes
+from gputopo.core import (
     DEFAULT_RESERVATION_TTL_S,
     DEFAULT_SEARCH_DEADLINE_S,
     MAX_RESERVATION_TTL_S,
-    PlacementService,
+    PlacementCore,
 )
-from aggregator.state import ClusterState
-from aggregator.tokens import DEFAULT_AUDIENCE, TokenNodes
 from gputopo.inventory import Inventory, inventory_labels, inventory_topologies, load_inventory
 from gputopo.reservations import INVENTORY_OWNER, Reservation, new_reservation_id
 from gputopo.runtime import grpcio
 from gputopo.runtime.kube import KubeClient, KubeError
 from gputopo.runtime.leader import LeaderElector, LeaseConfig
+from gputopo.runtime.supervisor import Supervisor
 from gputopo.runtime.tls import TlsFiles, ssl_server_context
 from gputopo.v1 import placement_pb2_grpc as pgrpc
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
@@ -171,16 +172,19 @@ class Aggregator:
             if kube is not None and opts.reservations_namespace
             else None
         )
-        self.placement = PlacementService(
-            self.state,
+        # Place, Commit, Release, Explain: one core, whichever transport asks.
+        self.placement = PlacementCore(
+            state=self.state,
             clock=clock,
+            store=self.promises,
+            restored=self.promises is None,
             default_ttl_s=config.reservation_ttl_s,
             max_ttl_s=config.max_reservation_ttl_s,
             default_policy=config.default_policy,
-            promises=self.promises,
-            may_reserve=lambda: self.leading,
+            leading=lambda: self.leading,
             search_deadline_s=config.search_deadline_s,
         )
+        self.service = PlacementService(self.placement, self.state, clock=clock)
         self.kube = kube
         # Node objects are read on every replica, leader or not, labels published or not.
         self.nodes = (
@@ -238,13 +242,15 @@ class Aggregator:
             desired_labels=self._desired_labels,
             extra_routes=lambda app: add_placement_routes(
                 app,
-                self.placement,
+                self.service,
                 extender_callers=frozenset(config.extender_clients) if config.tls else None,
             ),
             ssl_context=ssl_server_context(config.tls) if config.tls else None,
             off_loop=self.placement.off_loop,
         )
         self._grpc: grpc.aio.Server | None = None
+        # Root tasks: one that ends on its own ends the process (`gputopo aggregator`).
+        self.tasks = Supervisor("aggregator")
         self._tasks: list[asyncio.Task[None]] = []
         self._events: set[asyncio.Task[None]] = set()  # Events being written
         self._writers: list[asyncio.Task[None]] = []
@@ -308,7 +314,7 @@ class Aggregator:
         """Bind and serve; returns once the servers accept connections."""
         server = grpcio.server()
         rgrpc.add_ReporterServicer_to_server(self.reporter, server)
-        pgrpc.add_PlacementServicer_to_server(self.placement, server)
+        pgrpc.add_PlacementServicer_to_server(self.service, server)
         self.grpc_port = grpcio.bind(
             server, self.config.grpc_host, self.config.grpc_port, tls=self.config.tls
         )
@@ -328,16 +334,16 @@ class Aggregator:
                 if self.http_port:
                     address = f"{self.config.http_host}:{self.config.health_port} (health)"
                 raise OSError(f"cannot listen on {address} for HTTP: {err.strerror}") from None
-        self._tasks.append(asyncio.create_task(self._housekeep(), name="housekeeping"))
+        self._tasks.append(self.tasks.spawn(self._housekeep(), name="housekeeping"))
         if self.nodes is not None:
-            self._tasks.append(asyncio.create_task(self.nodes.run(), name="node-watch"))
+            self._tasks.append(self.tasks.spawn(self.nodes.run(), name="node-watch"))
         if self.pods is not None:
-            self._tasks.append(asyncio.create_task(self.pods.run(), name="pod-watch"))
+            self._tasks.append(self.tasks.spawn(self.pods.run(), name="pod-watch"))
         if self.claims is not None:
-            self._tasks.append(asyncio.create_task(self.claims.run(), name="claim-watch"))
+            self._tasks.append(self.tasks.spawn(self.claims.run(), name="claim-watch"))
         if self.elector is not None:
             await self._unmark_pod()
-            self._tasks.append(asyncio.create_task(self.elector.run(), name="leader-election"))
+            self._tasks.append(self.tasks.spawn(self.elector.run(), name="leader-election"))
         elif self.kube is not None:
             await self._lead()
         log.info(
@@ -351,17 +357,16 @@ class Aggregator:
         election)."""
         await self._restore()
         if self.publisher is not None:
-            self._writers.append(asyncio.create_task(self.publisher.run(), name="labels"))
+            self._writers.append(self.tasks.spawn(self.publisher.run(), name="labels"))
         if self.scheduler_objects is not None:
             self._writers.append(
-                asyncio.create_task(self.scheduler_objects.run(), name="scheduler-objects")
+                self.tasks.spawn(self.scheduler_objects.run(), name="scheduler-objects")
             )
         await self._mark_pod(leader=True)
 
     async def _follow(self) -> None:
         """Stop the writers: another replica leads now (or we are shutting down)."""
-        if self.promises is not None:
-            self.placement.ready.clear()  # restored afresh should this replica lead again
+        self.placement.demote()  # restored afresh should this replica lead again
         await self._drop_writers()
         await self._mark_pod(leader=False)
 
@@ -372,23 +377,8 @@ class Aggregator:
         """
         if self.promises is None:
             return
-        attempt = 0
-        while True:
-            try:
-                stored = await self.promises.load(now=self.clock())
-                break
-            except KubeError as err:
-                delay = min(0.5 * 2**attempt, 10.0)
-                attempt += 1
-                log.warning("cannot load stored reservations (%s); again in %.1fs", err, delay)
-                await asyncio.sleep(delay)
-        keep = {r.id for r in stored}
-        for old in self.state.reservations():
-            if old.id not in keep:  # released or expired while another replica led
-                self.state.release(old.id)
-        self.state.restore(stored)
-        self.placement.ready.set()
-        log.info("restored %d reservation(s) from the API server", len(stored))
+        restored = await self.placement.restore()
+        log.info("restored %d reservation(s) from the API server", restored)
 
     async def _mark_pod(self, *, leader: bool) -> None:
         opts = self.config.kube
@@ -435,11 +425,7 @@ class Aggregator:
                     )
             if expired:
                 log.info("expired %d reservation(s)", expired)
-            if self.promises is not None and self.leading and self.placement.ready.is_set():
-                try:  # expired ones leave the API server too (and failed deletes are retried)
-                    await self.promises.sync(r.id for r in self.state.reservations())
-                except KubeError as err:
-                    log.warning("cannot delete expired reservations yet: %s", err)
+            await self.placement.sync()  # expired ones leave the API server too
             for node in flipped:
                 log.warning(
                     "node %s is %s",
@@ -484,12 +470,10 @@ class Aggregator:
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
-    """Cancel tasks and wait until they are done."""
+    """Cancel tasks and wait until they are done (one that died was reported as it died)."""
     for task in tasks:
         task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

@@ -9,8 +9,11 @@ incarnation, each message a larger sequence; anything not newer than the last ac
 is ignored, so replays and late duplicates can never undo newer facts. A node that has not
 reported for `stale_after_s` is stale: kept for display, not placeable.
 
-Reservations live in a `ReservationBook` (`gputopo.reservations`, behind a store protocol);
-the state delegates to it and announces the nodes whose free GPUs moved.
+What holds GPUs is composed of two parts, each reporting the nodes it moved through its
+`on_change`: gputopo's own promises in a `ReservationBook` (`gputopo.reservations`; the
+placement core keeps them in a store), and everything else in `Occupancy`
+(`aggregator.occupancy`: pods bound by anyone, the kubelet's exact report, DRA claims, and the
+precedence between them). A node's free GPUs are the book's, less what occupancy holds.
 
 A node's topology as placement sees it is what its exporter reported with the fabric position
 replaced by the merge of every inter-node source (`aggregator.fabric`: inventory, NVML, labels
@@ -28,16 +31,16 @@ from typing import Any
 
 from aggregator.changes import ChangeEvent, ChangeKind
 from aggregator.choices import ChoiceChecker
-from aggregator.claims import ClaimedDevice, located
+from aggregator.claims import ClaimedDevice
 from aggregator.fabric import FabricSources, Resolution
 from aggregator.indexes import DomainIndex
 from aggregator.occupancy import Occupancy
 from gputopo.cluster import ClusterSnapshot, NodeState
-from gputopo.delta import NodeDelta, apply_delta
+from gputopo.delta import NodeDelta, apply_delta, check_delta
 from gputopo.gpu_use import GpuUse
 from gputopo.nominal import plausible
 from gputopo.placement.result import PlacementResult
-from gputopo.reservations import Reservation, ReservationBook, ReservationStore
+from gputopo.reservations import Reservation, ReservationBook
 from gputopo.topology import NodeTopology
 
 __all__ = [
@@ -88,7 +91,6 @@ class ClusterState:
         clock: Callable[[], float],
         stale_after_s: float = 30.0,
         sources: FabricSources | None = None,
-        store: ReservationStore | None = None,
     ) -> None:
         self._clock = clock
         self.stale_after_s = stale_after_s
@@ -97,16 +99,13 @@ class ClusterState:
         self._nodes: dict[str, NodeRecord] = {}
         # Kubernetes labels of every Node object seen, and which of them this aggregator owns.
         self._kube_labels: dict[str, tuple[dict[str, str], frozenset[str]]] = {}
-        self.book = ReservationBook(clock=clock, store=store, on_change=self._allocations_moved)
-        # GPUs that pods bound by anyone hold (aggregator.occupancy), fed by the pod watcher,
-        # and the exact GPUs each node's kubelet says it handed out (from the exporters).
-        self.occupancy = Occupancy()
-        self._kubelet: dict[str, GpuUse] = {}
-        # Devices of GPU drivers that DRA ResourceClaims hold, by claim (namespace/name), and
-        # the same by node, which is what every free-GPU question asks.
+        # What holds GPUs: gputopo's promises (the book), and everything else (pods bound by
+        # anyone, the kubelet's exact report, DRA claims: `aggregator.occupancy`, which owns
+        # their precedence). Both report the nodes whose free GPUs moved.
+        self.book = ReservationBook(clock=clock, on_change=self._allocations_moved)
+        self.occupancy = Occupancy(on_change=self._occupancy_moved)
+        # Trust, but verify: the kubelet's exact report against gputopo's records.
         self.choices = ChoiceChecker()
-        self._claims: dict[str, tuple[ClaimedDevice, ...]] = {}
-        self._claimed: dict[str, dict[str, tuple[ClaimedDevice, ...]]] = {}
         self.generation = 0
         self._snapshot: ClusterSnapshot | None = None
         self._snapshot_key: tuple[int, frozenset[str]] | None = None
@@ -250,7 +249,13 @@ class ClusterState:
     def apply_delta(
         self, node: str, delta: NodeDelta, *, incarnation: int, sequence: int
     ) -> ReportOutcome:
-        """Apply changes on top of the node's snapshot of the same incarnation."""
+        """Apply changes on top of the node's snapshot of the same incarnation.
+
+        Raises `DeltaError` (naming the field) for a delta that its base of the same
+        incarnation cannot take, before anything changes."""
+        known = self._nodes.get(node)
+        if known is not None and known.reported is not None and known.incarnation == incarnation:
+            check_delta(known.reported, delta)
         rec = self._next_in_stream(node, incarnation, sequence)
         if isinstance(rec, ReportOutcome):
             return rec
@@ -474,95 +479,57 @@ class ClusterState:
         for node in nodes:
             self._changed(ChangeKind.ALLOCATION, node)
 
+    def _occupancy_moved(self, nodes: Iterable[str]) -> None:
+        for node in nodes:
+            if node in self._nodes:
+                self._changed(ChangeKind.ALLOCATION, node)
+
+    def _live(self, rid: str) -> bool:
+        return self.book.reservation(rid) is not None
+
     def free_gpus(self, node: str) -> frozenset[int]:
-        """GPUs of a node that no live reservation and no bound pod holds (empty for an unknown
-        node). Pods are counted, not located: as many free GPUs as they hold are left out, the
-        highest indices first (`aggregator.occupancy`)."""
+        """GPUs of a node that no live reservation and nothing else holds (empty for an unknown
+        node): the book's free GPUs, less what `Occupancy` says pods, the kubelet and DRA
+        claims hold."""
         rec = self._nodes.get(node)
         if rec is None:
             return frozenset()
-        free = self.book.free(node, rec.topology.gpu_count)
-        use = self._kubelet.get(node)
-        if use is not None and use.known:
-            free = free.difference(use.held)
-        claimed, unlocated = located(self.claimed(node), rec.topology)  # DRA, by UUID
-        free = free.difference(claimed)
-        counted, pinned = self._pods_holding(node)
-        free = free.difference(pinned)
-        taken = counted + unlocated
-        if not taken:
-            return free
-        return frozenset(sorted(free)[: max(len(free) - taken, 0)])
-
-    def _pods_holding(self, node: str) -> tuple[int, frozenset[int]]:
-        """(GPUs bound pods hold by count, GPUs they hold by gputopo's record), beyond what
-        live reservations and the kubelet's exact report account for."""
-        use = self._kubelet.get(node)
-        located = {h.pod_key for h in use.held.values()} if use is not None and use.known else set()
-        return self.occupancy.holding(
-            node, live=lambda rid: self.book.reservation(rid) is not None, located=located
-        )
+        unreserved = self.book.free(node, rec.topology.gpu_count)
+        return self.occupancy.free(node, unreserved, live=self._live, topology=rec.topology)
 
     def pod_held(self, node: str) -> int:
         """GPUs of a node that bound pods hold, by count or by record, beyond what live
         reservations and the kubelet's exact report account for."""
-        counted, pinned = self._pods_holding(node)
+        counted, pinned = self.occupancy.pods_holding(node, live=self._live)
         return counted + len(pinned)
+
+    # The sources of "held" other than reservations, as the watchers and ingest feed them.
 
     def set_kubelet_use(self, node: str, use: GpuUse | None) -> None:
         """What a node's kubelet says is held (None: its exporter does not ask the kubelet)."""
-        if self._kubelet.get(node) == use:
-            return
-        if use is None:
-            self._kubelet.pop(node, None)
-        else:
-            self._kubelet[node] = use
-            if use.known:  # trust, but verify the kubelet followed the records
-                self.choices.check(node, use, self.occupancy.pods(node))
-        if node in self._nodes:
-            self._changed(ChangeKind.ALLOCATION, node)
+        if use is not None and use.known and self.occupancy.kubelet_use(node) != use:
+            self.choices.check(node, use, self.occupancy.pods(node))  # trust, but verify
+        self.occupancy.set_kubelet_use(node, use)
 
     def set_claim(self, claim: str, devices: Iterable[ClaimedDevice]) -> None:
         """The GPU devices a DRA ResourceClaim holds now (none: deallocated or deleted)."""
-        found = tuple(devices)
-        old = self._claims.get(claim, ())
-        if found == old:
-            return
-        if found:
-            self._claims[claim] = found
-        else:
-            self._claims.pop(claim, None)
-        for node in {d.node for d in (*old, *found)}:
-            on_node = self._claimed.setdefault(node, {})
-            here = tuple(d for d in found if d.node == node)
-            if here:
-                on_node[claim] = here
-            else:
-                on_node.pop(claim, None)
-            if not on_node:
-                del self._claimed[node]
-            if node in self._nodes:
-                self._changed(ChangeKind.ALLOCATION, node)
+        self.occupancy.set_claim(claim, devices)
 
     def claimed(self, node: str) -> list[ClaimedDevice]:
         """Devices of GPU drivers that claims hold on a node."""
-        return sorted(d for devices in self._claimed.get(node, {}).values() for d in devices)
+        return self.occupancy.claimed(node)
 
     def kubelet_use(self, node: str) -> GpuUse | None:
         """What a node's kubelet last said is held."""
-        return self._kubelet.get(node)
+        return self.occupancy.kubelet_use(node)
 
     def pod_seen(self, pod: Mapping[str, Any]) -> None:
         """A bound pod as it is now (the pod watcher's); moves its node's free GPUs."""
-        for node in self.occupancy.upsert(pod):
-            if node in self._nodes:
-                self._changed(ChangeKind.ALLOCATION, node)
+        self.occupancy.upsert(pod)
 
     def pod_deleted(self, pod: Mapping[str, Any]) -> None:
         """A pod deleted, or no longer bound: its GPUs are free again."""
-        for node in self.occupancy.remove(pod):
-            if node in self._nodes:
-                self._changed(ChangeKind.ALLOCATION, node)
+        self.occupancy.remove(pod)
 
     def held_gpus(self) -> dict[str, frozenset[int]]:
         """GPUs held by live reservations and commitments, per node."""

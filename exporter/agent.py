@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import socket
@@ -56,6 +55,7 @@ from gputopo import __version__
 from gputopo.gpu_use import GpuUse
 from gputopo.runtime.backoff import Backoff
 from gputopo.runtime.http import HttpServer, ProbeResult
+from gputopo.runtime.supervisor import Supervisor
 from gputopo.runtime.tls import ROTATION_CHECK_S, TlsFiles, follow_rotation, ssl_server_context
 from gputopo.topology import NodeTopology, NvmlStatus
 
@@ -162,7 +162,8 @@ class Agent:
         self._http: HttpServer | None = None
         self._channel: grpc.aio.Channel | None = None
         self.stream: ReportStream | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        # Root tasks: one that ends on its own ends the process (`gputopo exporter`).
+        self.tasks = Supervisor("exporter")
         self._discovered = asyncio.Event()
         self.http_port = 0
         self.health_port = 0
@@ -288,12 +289,7 @@ class Agent:
 
     async def stop(self) -> None:
         """Stop everything started, in reverse order."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await self.tasks.cancel()
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
@@ -304,7 +300,7 @@ class Agent:
         await asyncio.to_thread(self.nvml.close)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        self._tasks.append(asyncio.create_task(coro, name=f"exporter-{name}"))
+        self.tasks.spawn(coro, name=f"exporter-{name}")
 
     # --- discovery --------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from exporter.readings import PciDevice, normalise_bus_id
 from exporter.sysfs import pci_path_kind
-from gputopo.importers._lists import format_cpulist
+from gputopo.importers.idlists import format_cpulist
 from gputopo.links import LinkKind
 from gputopo.machines import load_machine
 from gputopo.topology import (

@@ -42,7 +42,7 @@ import pynvml  # the installed wheel: only its file is used, to load private cop
 
 from exporter.fake_machine import FakeMachine
 from exporter.readings import NVLINK_ERROR_COUNTERS, FabricReading, P2pStatus, normalise_bus_id
-from gputopo.importers._lists import parse_idlist
+from gputopo.importers.idlists import parse_idlist
 from gputopo.links import LinkKind
 
 __all__ = ["FakeLibNvml", "FakeNvml", "NvmlAbiError", "load_pynvml_over"]

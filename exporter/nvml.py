@@ -50,7 +50,7 @@ from exporter.readings import (
     RemoteType,
     normalise_bus_id,
 )
-from gputopo.importers._lists import format_cpulist
+from gputopo.importers.idlists import format_cpulist
 from gputopo.topology import NvmlStatus
 
 __all__ = ["NVLINK_MAX_LINKS", "XID_APPLICATION_ERRORS", "Nvml", "NvmlLibrary", "XidEvents"]

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from exporter.readings import NicReading, PciDevice, SysfsReading, normalise_bus_id
-from gputopo.importers._lists import parse_idlist
+from gputopo.importers.idlists import parse_idlist
 from gputopo.importers.nccl_xml import pcie_generation
 from gputopo.links import LinkKind
 from gputopo.topology import NicKind, NumaNode

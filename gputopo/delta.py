@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from gputopo.topology import (
+    DeviceKind,
     DeviceRef,
     FabricPosition,
     Gpu,
@@ -20,7 +21,7 @@ from gputopo.topology import (
     NvmlStatus,
 )
 
-__all__ = ["NodeDelta", "apply_delta", "diff_topology"]
+__all__ = ["DeltaError", "NodeDelta", "apply_delta", "check_delta", "diff_topology"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,3 +88,37 @@ def apply_delta(topology: NodeTopology, delta: NodeDelta) -> NodeTopology:
         nvml=delta.nvml if delta.nvml is not None else topology.nvml,
         problems=delta.problems if delta.problems is not None else topology.problems,
     )
+
+
+class DeltaError(ValueError):
+    """A delta its base cannot take; `field` names where (`delta.gpus[0].index`)."""
+
+    def __init__(self, field_path: str, reason: str) -> None:
+        super().__init__(f"{field_path}: {reason}")
+        self.field = field_path
+        self.reason = reason
+
+
+def check_delta(base: NodeTopology, delta: NodeDelta) -> None:
+    """DeltaError unless the delta keeps devices numbered 0..n-1 and links on real devices of
+    `base` (the snapshot it continues): applied anyway, it would leave a node placement cannot
+    reason about."""
+    counts: dict[DeviceKind, int] = {}
+    for kind, device, have, upserts in (
+        ("gpus", DeviceKind.GPU, len(base.gpus), [g.index for g in delta.gpus]),
+        ("nics", DeviceKind.NIC, len(base.nics), [n.index for n in delta.nics]),
+    ):
+        indices = set(range(have)) | set(upserts)
+        if indices != set(range(len(indices))):
+            i, bad = next((i, x) for i, x in enumerate(upserts) if x >= len(indices))
+            raise DeltaError(
+                f"delta.{kind}[{i}].index",
+                f"is {bad}; the node has {have}, so new ones must continue at {have}",
+            )
+        counts[device] = len(indices)
+    numa = {n.id for n in base.numa_nodes}
+    for i, link in enumerate(delta.links):
+        for end, ref in (("a", link.a), ("b", link.b)):
+            ok = ref.index in numa if ref.kind is DeviceKind.NUMA else ref.index < counts[ref.kind]
+            if not ok:
+                raise DeltaError(f"delta.links[{i}].{end}", f"no such device {ref}")

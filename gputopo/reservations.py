@@ -7,19 +7,21 @@ restart. Per node, the book answers which GPUs are held and which of a node's GP
 
 Why a book of its own, apart from the nodes: reservations outlive reports (a node that comes
 back with fewer GPUs still has its held ones counted as held, never against the GPUs it has),
-persistence needs them alone (the next step adds a durable `ReservationStore`; today's is in
-memory), and a simulator needs them without an aggregator.
+persistence needs them alone, and a simulator needs them without an aggregator.
 
-Every write goes to the store before the book answers, so a durable store has seen a
-reservation before its id is handed to a caller. The book tells its owner which nodes' free
-GPUs moved through `on_change`; it never reads node state itself.
+The book is memory only and synchronous, so a reservation is made in one turn of the event loop
+on GPUs just checked to be free. Keeping it is the placement core's job (`gputopo.core`): it
+writes every change through a `ReservationStore` (async: GpuReservation objects in the API
+server, or `MemoryStore`) before it answers, and `restore` re-installs what the store holds
+after a restart or a failover. The book tells its owner which nodes' free GPUs moved through
+`on_change`; it never reads node state itself.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from gputopo.placement.result import PlacementResult
@@ -31,6 +33,7 @@ __all__ = [
     "ReservationBook",
     "ReservationError",
     "ReservationStore",
+    "StoreError",
     "new_reservation_id",
 ]
 
@@ -79,39 +82,75 @@ class ReservationError(KeyError):
     """An unknown or expired reservation id."""
 
 
-class ReservationStore(Protocol):
-    """Where reservations are kept so that a restart can restore them."""
+class StoreError(Exception):
+    """A store that did not take a read or a write (the API server refused or was away); the
+    message says why. The placement core turns it into UNAVAILABLE and changes nothing."""
 
-    def load(self) -> list[Reservation]:
-        """Every reservation stored."""
+
+class ReservationStore(Protocol):
+    """Where reservations are kept so that a restart or a failover restores them.
+
+    The placement core (`gputopo.core`) writes through it before it answers: a reservation is
+    stored before its id is handed out, a commitment before it is confirmed, a release deleted
+    before the GPUs are freed. The aggregator's store is `aggregator.promises.KubePromises`
+    (GpuReservation objects); `MemoryStore` serves tests and the simulator. Every method raises
+    `StoreError` when the store cannot do it.
+    """
+
+    async def load(self, *, now: float) -> list[Reservation]:
+        """Every live reservation stored (those expired by `now` are dropped from the store)."""
         ...
 
-    def put(self, reservation: Reservation) -> None:
+    async def put(self, reservation: Reservation) -> None:
         """Store a new or changed reservation."""
         ...
 
-    def delete(self, rid: str) -> None:
+    async def delete(self, rid: str) -> None:
         """Forget a reservation (released or expired); an unknown id is fine."""
+        ...
+
+    async def sync(self, live: Iterable[str]) -> int:
+        """Forget every stored reservation not in `live` (expired in the book); how many."""
         ...
 
 
 class MemoryStore:
-    """A store that lives as long as the process (what the aggregator used so far)."""
+    """A store that lives as long as the process: for tests and the simulator, and to show
+    what a durable store must do. It keeps copies, so a later change to a book's reservation
+    reaches it only through `put`, as with a real store."""
 
     def __init__(self) -> None:
         self._items: dict[str, Reservation] = {}
+        self.writes = 0  # puts and deletes that changed something
 
-    def load(self) -> list[Reservation]:
-        """Every reservation stored."""
-        return list(self._items.values())
+    async def load(self, *, now: float) -> list[Reservation]:
+        """Every live reservation stored; expired ones are forgotten."""
+        for rid in [
+            r.id for r in self._items.values() if r.expires_at is not None and r.expires_at <= now
+        ]:
+            del self._items[rid]
+        return [replace(r, gpus=dict(r.gpus)) for r in self._items.values()]
 
-    def put(self, reservation: Reservation) -> None:
+    async def put(self, reservation: Reservation) -> None:
         """Store a new or changed reservation."""
-        self._items[reservation.id] = reservation
+        self._items[reservation.id] = replace(reservation, gpus=dict(reservation.gpus))
+        self.writes += 1
 
-    def delete(self, rid: str) -> None:
+    async def delete(self, rid: str) -> None:
         """Forget a reservation."""
-        self._items.pop(rid, None)
+        if self._items.pop(rid, None) is not None:
+            self.writes += 1
+
+    async def sync(self, live: Iterable[str]) -> int:
+        """Forget what is not live."""
+        gone = set(self._items) - set(live)
+        for rid in gone:
+            await self.delete(rid)
+        return len(gone)
+
+    def stored(self) -> list[Reservation]:
+        """What is stored now, in id order (for tests)."""
+        return [self._items[k] for k in sorted(self._items)]
 
 
 def _noop(nodes: Iterable[str]) -> None:
@@ -125,11 +164,9 @@ class ReservationBook:
         self,
         *,
         clock: Callable[[], float],
-        store: ReservationStore | None = None,
         on_change: Callable[[Iterable[str]], None] = _noop,
     ) -> None:
         self._clock = clock
-        self.store: ReservationStore = store if store is not None else MemoryStore()
         self._on_change = on_change
         self._reservations: dict[str, Reservation] = {}
         self._held: dict[str, set[int]] = {}
@@ -172,7 +209,6 @@ class ReservationBook:
         res = Reservation(
             rid, dict(allocation), self._clock() + ttl_s, job=job, result=result, holder=holder
         )
-        self.store.put(res)
         self._reservations[rid] = res
         self._hold(res)
         self._on_change(allocation)
@@ -186,7 +222,6 @@ class ReservationBook:
             raise ReservationError(rid)
         res.expires_at = None
         res.owner = owner or res.owner
-        self.store.put(res)
         return res
 
     def release(self, rid: str) -> Reservation:
@@ -194,7 +229,6 @@ class ReservationBook:
         res = self._reservations.get(rid)
         if res is None:
             raise ReservationError(rid)
-        self.store.delete(rid)
         del self._reservations[rid]
         self._unhold(res)
         self._on_change(res.gpus)
@@ -219,7 +253,6 @@ class ReservationBook:
             if r.expires_at is not None and r.expires_at <= now
         ]
         for r in gone:
-            self.store.delete(r.id)
             del self._reservations[r.id]
             self._unhold(r)
             self._on_change(r.gpus)
@@ -231,16 +264,9 @@ class ReservationBook:
             old = self._reservations.get(r.id)
             if old is not None:
                 self._unhold(old)
-            self.store.put(r)
             self._reservations[r.id] = r
             self._hold(r)
             self._on_change(r.gpus)
-
-    def load(self) -> int:
-        """Restore everything the store holds (after a restart); returns how many."""
-        stored = self.store.load()
-        self.restore(stored)
-        return len(stored)
 
     def _hold(self, res: Reservation) -> None:
         for node, gpus in res.gpus.items():

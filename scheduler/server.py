@@ -20,6 +20,7 @@ from gputopo.runtime.http import HttpServer, ProbeResult
 from gputopo.runtime.kube import KubeClient
 from gputopo.runtime.leader import LeaderElector, LeaseConfig
 from gputopo.runtime.placement_client import PlacementClient
+from gputopo.runtime.supervisor import Supervisor
 from gputopo.runtime.tls import ROTATION_CHECK_S, TlsFiles, follow_rotation, ssl_server_context
 from scheduler.binder import Binder, BinderConfig
 from scheduler.metrics import SchedulerCollector, SchedulerStats
@@ -55,6 +56,8 @@ class SchedulerProcess:
         self.registry.register(SchedulerCollector(self.stats))
         self.binder: Binder | None = None
         self._task: asyncio.Task[None] | None = None
+        # Root tasks: a binder that dies ends the process, and so its Lease.
+        self.tasks = Supervisor("scheduler")
         self.http: HttpServer | None = None
 
     async def run(self) -> None:
@@ -92,7 +95,7 @@ class SchedulerProcess:
             async def started() -> None:
                 log.info("%s leads: binding", cfg.identity)
                 self.binder = Binder(self.kube, placement, cfg.binder, stats=self.stats)
-                self._task = asyncio.create_task(self.binder.run(), name="binder")
+                self._task = self.tasks.spawn(self.binder.run(), name="binder")
 
             async def stopped() -> None:
                 log.warning("%s stopped leading: binder stopped", cfg.identity)
@@ -102,7 +105,7 @@ class SchedulerProcess:
                 if cfg.lease is None:
                     await started()
                     assert self._task is not None
-                    await self._task
+                    await self.tasks.wait()  # raises RootTaskDiedError when the binder dies
                 else:
                     elector = LeaderElector(
                         self.kube,
@@ -112,7 +115,7 @@ class SchedulerProcess:
                         on_stopped=stopped,
                     )
                     try:
-                        await elector.run()
+                        await self.tasks.watch(elector.run())
                     finally:
                         with contextlib.suppress(Exception):
                             await asyncio.shield(elector.release())
@@ -137,5 +140,4 @@ class SchedulerProcess:
         self.binder = None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.gather(task, return_exceptions=True)  # a death is reported already

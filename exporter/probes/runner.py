@@ -26,7 +26,7 @@ from typing import Protocol
 from exporter.probes.results import ProbeOutcome, ProbeResults
 from exporter.probes.tcp import probe_peer
 from exporter.readings import GpuActivity
-from gputopo.importers._lists import parse_idlist
+from gputopo.importers.idlists import parse_idlist
 from gputopo.topology import DeviceKind, DeviceRef, Measurement, NodeTopology, gpu, numa
 
 __all__ = [

@@ -274,7 +274,10 @@ def result_to_proto(
     uuids: Mapping[str, tuple[str, ...]] | None = None,
     nics: Mapping[tuple[str, int], str] | None = None,
 ) -> ppb.PlaceResponse:
-    """A placement result as a response (reservation fields are the service's to fill)."""
+    """A placement result as a response (reservation fields are the service's to fill).
+
+    Each pod's UUIDs and NICs are its own (`PodPlacement.uuids`, `.nics`, filled by the
+    placement core), else looked up in `uuids` (node -> UUID by index) and `nics`."""
     msg = ppb.PlaceResponse(placed=result.placed, reason=result.reason, policy=result.policy)
     for p in result.pods:
         node_uuids = (uuids or {}).get(p.node, ())
@@ -286,8 +289,10 @@ def result_to_proto(
                 rank=p.rank,
                 node=p.node,
                 gpus=list(p.gpus),
-                gpu_uuids=[node_uuids[g] for g in p.gpus if g < len(node_uuids)],
-                nics=sorted({(nics or {}).get((p.node, g), "") for g in p.gpus} - {""}),
+                gpu_uuids=list(p.uuids) or [node_uuids[g] for g in p.gpus if g < len(node_uuids)],
+                nics=sorted(
+                    set(p.nics or [(nics or {}).get((p.node, g), "") for g in p.gpus]) - {""}
+                ),
             )
         )
     if result.prediction is not None:

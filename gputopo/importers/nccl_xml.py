@@ -45,8 +45,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from gputopo.importers._lists import cpulist_from_mask
 from gputopo.importers.errors import TopologyImportError
+from gputopo.importers.idlists import cpulist_from_mask
 from gputopo.links import LinkKind
 from gputopo.nominal import with_nominal_bandwidth
 from gputopo.topology import Gpu, Link, Nic, NicKind, NodeTopology, NumaNode, gpu, nic

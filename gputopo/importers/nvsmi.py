@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from gputopo.importers._lists import parse_idlist
 from gputopo.importers.errors import TopologyImportError
+from gputopo.importers.idlists import parse_idlist
 from gputopo.importers.product import (
     nvlink_generation_named,
     nvlink_generation_note,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gputopo.request import Scope
 
@@ -34,6 +34,11 @@ class PodPlacement:
     rank: int
     node: str
     gpus: tuple[int, ...]
+    # What the answer names beside the indices (`gputopo.core.with_nics`), in the order of
+    # `gpus`: the GPUs' UUIDs and each GPU's nearest NIC ("" for none). Not part of the
+    # placement's identity: two placements on the same GPUs are the same placement.
+    uuids: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    nics: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +75,9 @@ class Prediction:
 
 
 class RejectionCode(enum.StrEnum):
-    """Why a domain was turned down, for machines (a gang binder tells waiting from
-    unschedulable by it). The values are the wire strings; placement.proto's comment on
-    `Rejection.code` lists exactly these (a test holds the two together)."""
+    """Why a domain was turned down, for machines (enough for a caller to tell "wait for GPUs
+    to free up" from "cannot fit as asked"). The values are the wire strings; placement.proto's
+    comment on `Rejection.code` lists exactly these (a test holds the two together)."""
 
     INSUFFICIENT_GPUS = "insufficient_gpus"  # fewer free GPUs than needed
     FRAGMENTED = "fragmented"  # enough free GPUs, not in the shape asked for

@@ -25,7 +25,7 @@ CRDS = Path(__file__).parent.parent / "data" / "crds"
 
 
 def run(coro: Awaitable[T], *, timeout_s: float = 120) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout=timeout_s))  # type: ignore[arg-type]
+    return asyncio.run(asyncio.wait_for(coro, timeout=timeout_s))
 
 
 def fast_publisher(**overrides: Any) -> PublisherConfig:

@@ -10,6 +10,7 @@ import pytest
 from aggregator.promises import KubePromises, reservation_from_object, reservation_to_object
 from aggregator.service import PlacementService
 from aggregator.state import ClusterState
+from gputopo.core import PlacementCore
 from gputopo.placement.result import PlacementResult, PodPlacement
 from gputopo.reservations import Reservation
 from gputopo.v1 import placement_pb2 as ppb
@@ -75,17 +76,16 @@ def test_explain_waits_for_the_restore_instead_of_calling_a_live_reservation_unk
     state = ClusterState(clock=lambda: 1000.0)
     state.add_static(pcie_node("h100-01", gpus=8))
     promises = cast(KubePromises, object())  # stored somewhere: not ready until restored
-    service = PlacementService(state, clock=lambda: 1000.0, promises=promises)
+    core = PlacementCore(state=state, clock=lambda: 1000.0, store=promises, restored=False)
+    service = PlacementService(core, state, clock=lambda: 1000.0)
     restored = Reservation("a1b2", {"h100-01": frozenset({4, 5})}, 5000.0, result=RESULT)
 
     async def scenario() -> ppb.PlaceResponse:
-        asking = asyncio.create_task(
-            service.explain_kept(ppb.ExplainRequest(reservation_id="a1b2"))
-        )
+        asking = asyncio.create_task(service.explain(ppb.ExplainRequest(reservation_id="a1b2")))
         await asyncio.sleep(0.05)
         assert not asking.done()  # waits rather than answering from an empty book
         state.restore([restored])
-        service.ready.set()
+        core.ready.set()
         return await asking
 
     answer = asyncio.run(scenario())

@@ -30,7 +30,7 @@ FAST = Backoff(base_s=0.1, cap_s=1.0)
 
 
 def run(coro: Awaitable[T], timeout_s: float = 60) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout=timeout_s))  # type: ignore[arg-type]
+    return asyncio.run(asyncio.wait_for(coro, timeout=timeout_s))
 
 
 def config(name: str, aggregator: str = "", **overrides: Any) -> AgentConfig:

@@ -13,7 +13,7 @@ import pytest
 from aggregator.server import Aggregator, AggregatorConfig
 from exporter.fake_machine import FakeMachine
 from exporter.podresources import PodResourcesReader
-from gputopo.gpu_use import GpuHolder
+from gputopo.gpu_use import GpuHolder, GpuUse
 from gputopo.topology import NodeTopology
 from gputopo.v1 import podresources_pb2 as pb
 from gputopo.v1 import podresources_pb2_grpc as pb_grpc
@@ -45,12 +45,18 @@ class Kubelet(pb_grpc.PodResourcesListerServicer):
         self.allocatable = allocatable
 
     async def List(  # noqa: N802 - the kubelet's method name
-        self, request: pb.ListPodResourcesRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.ListPodResourcesRequest,
+        context: grpc.aio.ServicerContext[pb.ListPodResourcesRequest, pb.ListPodResourcesResponse],
     ) -> pb.ListPodResourcesResponse:
         return self.listed
 
     async def GetAllocatableResources(  # noqa: N802
-        self, request: pb.AllocatableResourcesRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.AllocatableResourcesRequest,
+        context: grpc.aio.ServicerContext[
+            pb.AllocatableResourcesRequest, pb.AllocatableResourcesResponse
+        ],
     ) -> pb.AllocatableResourcesResponse:
         if self.allocatable is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "feature gate off")
@@ -58,8 +64,8 @@ class Kubelet(pb_grpc.PodResourcesListerServicer):
         return self.allocatable
 
 
-def _serve_and_read(kubelet: Kubelet, socket_path: Path, topology: NodeTopology):  # type: ignore[no-untyped-def]
-    async def scenario():  # type: ignore[no-untyped-def]
+def _serve_and_read(kubelet: Kubelet, socket_path: Path, topology: NodeTopology) -> GpuUse:
+    async def scenario() -> GpuUse:
         server = grpc.aio.server()
         pb_grpc.add_PodResourcesListerServicer_to_server(kubelet, server)
         server.add_insecure_port(f"unix://{socket_path}")

@@ -19,7 +19,7 @@ from exporter.probes.gpu import CudaCopyProbe
 from exporter.probes.results import ProbeResults
 from exporter.sysfs import Sysfs
 from gputopo.importers import render_topo_matrix
-from gputopo.importers._lists import parse_idlist
+from gputopo.importers.idlists import parse_idlist
 from gputopo.topology import gpu, numa
 
 pytestmark = pytest.mark.gpu

@@ -53,7 +53,7 @@ class _Plugin:
     endpoint: str
     options: dp.DevicePluginOptions
     channel: grpc.aio.Channel
-    stub: dp_grpc.DevicePluginStub
+    stub: dp_grpc.DevicePluginAsyncStub
     devices: dict[str, str] = field(default_factory=dict)  # ID -> health
     numa: dict[str, tuple[int, ...]] = field(default_factory=dict)  # ID -> NUMA nodes
     updates: int = 0

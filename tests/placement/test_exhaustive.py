@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from gputopo import cost
 from gputopo.cluster import ClusterSnapshot
 from gputopo.placement import POLICIES, place
-from gputopo.placement.exhaustive import TooLargeError, optimum
 from gputopo.request import PlacementRequest, request_from_mapping
+from gputopo.sim.exhaustive import TooLargeError, optimum
 from tests.builders import nvswitch_node, pcie_node, snapshot
 
 BRIDGED = [(0, 1), (2, 3), (4, 5), (6, 7)]

@@ -7,15 +7,16 @@ import math
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gputopo.placement import intranode, links
 from gputopo.placement.intranode import choose, figures_of, twin_classes
-from gputopo.placement.pcieserver import pcie_server, switch_groups
 from gputopo.placement.ringbound import bounded_ring
 from gputopo.shape import node_shape
+from gputopo.sim.pcieserver import pcie_server, switch_groups
 from tests.builders import nvswitch_node, pcie_node
+from tests.checked import checked, checks_at_least
 
 Matrix = tuple[tuple[float, ...], ...]
 
@@ -133,6 +134,7 @@ def _brute(shape: object, free: frozenset[int], count: int, leaves: bool) -> tup
     return tuple(sorted(best[-1]))  # type: ignore[arg-type]
 
 
+@checks_at_least(10)
 @given(
     kind=st.sampled_from(["pcie16", "bridged8", "nvswitch8"]),
     busy=st.sets(st.integers(0, 15), max_size=8),
@@ -151,13 +153,14 @@ def test_choosing_up_to_symmetry_picks_what_trying_every_subset_picks(
         topo = nvswitch_node("n", gpus=8, nics=4)
     shape = node_shape(topo)
     free = frozenset(range(shape.gpu_count)) - busy
-    if len(free) < count:
-        return
+    assume(len(free) >= count)
+    checked()
     found = choose(shape, intranode.mask_of(free), count, leaves_node=leaves)
     assert found is not None
     assert tuple(sorted(found.gpus)) == _brute(shape, free, count, leaves)
 
 
+@checks_at_least(5)
 @given(
     gpus=st.sampled_from([16, 20]),
     seed=st.integers(0, 10_000),
@@ -170,8 +173,8 @@ def test_past_the_subset_cap_the_grown_sets_still_reach_the_best_ring(
     rng = random.Random(seed)
     shape = node_shape(pcie_server("p", gpus=gpus))
     free = tuple(g for g in range(gpus) if rng.random() < 0.8)
-    if len(free) <= count:
-        return
+    assume(len(free) > count)
+    checked()
     classes = [c for c in (tuple(g for g in c if g in free) for c in twin_classes(shape)) if c]
     every = intranode._representatives(classes, count)
     if len(every) <= intranode.MAX_SUBSETS:

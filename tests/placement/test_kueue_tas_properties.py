@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
-from hypothesis import given, settings
+from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
 from gputopo.placement.kueue_tas import (
@@ -23,6 +23,7 @@ from gputopo.placement.kueue_tas import (
     TasTopology,
     find_topology_assignment,
 )
+from tests.checked import checked, checks_at_least
 
 BLOCK = "cloud.com/topology-block"
 RACK = "cloud.com/topology-rack"
@@ -170,12 +171,14 @@ def test_places_exactly_the_pods_asked_for_and_never_overfills_a_leaf(s: Scenari
         assert 0 < pods <= leaves[values].pods, f"{values}: {pods} > {leaves[values].pods}"
 
 
+@checks_at_least(10)
 @settings(max_examples=200, deadline=None)
 @given(scenarios())
 def test_required_level_and_slices_are_honoured(s: Scenario) -> None:
     got = place(s)
     if not isinstance(got, TasAssignment):
-        return
+        reject()  # hypothesis draws again (assume(False), typed to end the branch)
+    checked()
     leaves = oracle_leaves(s)
     req = s.request
     paths = {values: leaves[values].path for values, _ in got.domains}
@@ -221,13 +224,15 @@ def test_a_shared_topology_answers_each_call_as_if_it_were_fresh(s: Scenario, t:
     assert again == first
 
 
+@checks_at_least(5)
 @settings(max_examples=100, deadline=None)
 @given(scenarios())
 def test_usage_of_accounts_for_every_placed_pod(s: Scenario) -> None:
     topology = TasTopology(levels=s.levels, nodes=s.nodes)
     got = topology.assign(s.request, usage=s.usage, balanced_placement=s.balanced)
     if not isinstance(got, TasAssignment):
-        return
+        reject()  # hypothesis draws again (assume(False), typed to end the branch)
+    checked()
     charged = topology.usage_of(got, s.request.per_pod)
     assert sum(u.get("pods", 0) for u in charged.values()) == s.request.pods
     assert set(charged) <= {n.name for n in s.nodes}

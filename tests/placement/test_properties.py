@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given, note
+from hypothesis import assume, given, note
 from hypothesis import strategies as st
 
 from gputopo import cost
@@ -23,6 +23,7 @@ from gputopo.placement import POLICIES, PlacementResult, place
 from gputopo.placement.constraints import violations
 from gputopo.request import PlacementRequest, Scope, request_from_mapping
 from tests.builders import nvswitch_node, pcie_node, snapshot
+from tests.checked import checked, checks_at_least
 
 BRIDGED = [(0, 1), (2, 3), (4, 5), (6, 7)]
 SCOPES = [None, "nvlink", "node", "leaf", "spine"]
@@ -154,13 +155,14 @@ def _feasible(result: PlacementResult) -> bool:
     )
 
 
+@checks_at_least(5)
 @given(snap=clusters(), req=requests(preferences=False))
 def test_gputopo_is_never_worse_than_kueue_bestfit(
     snap: ClusterSnapshot, req: PlacementRequest
 ) -> None:
     kueue, _ = place(snap, req, policy="kueue-bestfit")
-    if not _feasible(kueue):
-        return
+    assume(_feasible(kueue))
+    checked()
     ours, _ = place(snap, req)
     note(describe(snap))
     note(f"kueue: {kueue.pods} {kueue.prediction}")

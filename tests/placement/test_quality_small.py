@@ -1,5 +1,5 @@
 """The gputopo policy against the exhaustive optimum, under the project's own model, on the
-widened random instances (`placement.instances`: mixed node kinds and sizes, 4-GPU pods, uneven
+widened random instances (`sim.instances`: mixed node kinds and sizes, 4-GPU pods, uneven
 gangs, partly busy nodes, prefill/decode pairs across node kinds).
 
 The benchmark runs 500 of them (`gputopo bench placement`); here a smaller seeded sample keeps
@@ -18,9 +18,9 @@ from gputopo import cost
 from gputopo.cluster import ClusterSnapshot, NodeState
 from gputopo.machines import load_machine
 from gputopo.placement import place
-from gputopo.placement.exhaustive import Optimum, TooLargeError, optimum
-from gputopo.placement.instances import small_instance
 from gputopo.request import PlacementRequest, request_from_mapping
+from gputopo.sim.exhaustive import Optimum, TooLargeError, optimum
+from gputopo.sim.instances import small_instance
 
 MAX_TRIALS = 20_000
 

@@ -122,7 +122,7 @@ async def binder(
 ) -> AsyncIterator[Binder]:
     """A Binder in this loop, talking to the aggregator over loopback gRPC."""
     async with grpcio.channel(agg.grpc_target) as channel:
-        b = Binder(kube_client, PlacementClient(channel), config)  # type: ignore[arg-type]
+        b = Binder(kube_client, PlacementClient(channel), config)
         task = asyncio.create_task(b.run())
         try:
             await asyncio.wait_for(b.pods.synced.wait(), timeout=30)

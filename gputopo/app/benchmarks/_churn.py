@@ -38,8 +38,8 @@ def _decisions(
 ) -> tuple[list[float], int]:
     from aggregator.state import ClusterState
     from gputopo.placement import place
-    from gputopo.placement.scenarios import build_nodes
     from gputopo.request import request_from_mapping
+    from gputopo.sim.scenarios import build_nodes
 
     nodes = build_nodes(layout, gpus)
     state = ClusterState(clock=time.time, stale_after_s=1e9)

@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _serve(conn: Connection, nodes: int) -> None:
     """The aggregator process: static nodes, ports sent back, serve until told to stop."""
     from aggregator.server import Aggregator, AggregatorConfig
-    from gputopo.placement.scenarios import build_nodes
+    from gputopo.sim.scenarios import build_nodes
 
     async def main() -> None:
         agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0))

@@ -15,11 +15,11 @@ placement policy, side by side on the same states.
    policy's predicted time is worse than kueue-bestfit's beyond the tie bucket
    (`cost.TIME_BUCKET_RATIO`), both feasible; and how often kueue-bestfit was feasible where
    gputopo did not place at all.
-3. `quality_vs_optimal`: on random small instances of `placement.instances` (seeded with
+3. `quality_vs_optimal`: on random small instances of `sim.instances` (seeded with
    `--seed`: 2-6 recorded machines of mixed kinds and sizes under 1-3 leaves, busy rates per node,
    TP-2/TP-4 replicas, gangs of up to 3 x 4 GPUs that split unevenly, all-reduce, all-to-all or
    pipeline, prefill/decode pairs with a KV deadline across node kinds) where
-   `placement.exhaustive` can try every placement (at most `QUALITY_MAX_TRIALS`), each policy's
+   `sim.exhaustive` can try every placement (at most `QUALITY_MAX_TRIALS`), each policy's
    predicted time over the optimum: mean and max over its feasible answers, and how many feasible
    instances it left unplaced or placed infeasibly; `search_misses`: instances where gputopo's
    predicted time is in a slower time bucket than the optimum under its own model.
@@ -34,7 +34,7 @@ placement policy, side by side on the same states.
    whole free nodes and whole free leaves (NVL72 racks).
 
 5. `pcie_servers`: clusters of `PCIE_NODES` synthetic 16-, 20- and 32-GPU PCIe servers with
-   uneven PIX/PXB/NODE/SYS paths (`placement.pcieserver`), 40 % of GPUs busy at random per
+   uneven PIX/PXB/NODE/SYS paths (`sim.pcieserver`), 40 % of GPUs busy at random per
    sample, 1-, 4- and 8-GPU requests, every policy timed cold (intra-node caches cleared before
    each decision, so every sample pays the whole intra-node search).
 
@@ -246,7 +246,7 @@ def _latency(
     args: argparse.Namespace, worse: _Worse, log: Any, snapshots: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     from gputopo.placement import POLICIES, place
-    from gputopo.placement.scenarios import Occupancy, build_nodes, empty_snapshot
+    from gputopo.sim.scenarios import Occupancy, build_nodes, empty_snapshot
 
     sizes = [int(s) for s in args.sizes.split(",") if s]
     samples = [int(s) for s in args.samples.split(",") if s]
@@ -317,8 +317,8 @@ def _latency(
 def _quality(args: argparse.Namespace, worse: _Worse, log: Any) -> dict[str, Any]:
     from gputopo import cost
     from gputopo.placement import POLICIES, place
-    from gputopo.placement.exhaustive import TooLargeError, optimum
-    from gputopo.placement.instances import small_instance
+    from gputopo.sim.exhaustive import TooLargeError, optimum
+    from gputopo.sim.instances import small_instance
 
     rng = random.Random(args.seed)
     ratios: dict[str, list[float]] = {name: [] for name in POLICIES}
@@ -363,7 +363,7 @@ def _quality(args: argparse.Namespace, worse: _Worse, log: Any) -> dict[str, Any
     )
     return {
         "instances": solved,
-        "generator": "gputopo.placement.instances.small_instance",
+        "generator": "gputopo.sim.instances.small_instance",
         "seed": args.seed,
         "drawn": attempts,
         "too_large_or_trivial": skipped,
@@ -388,13 +388,13 @@ def _quality(args: argparse.Namespace, worse: _Worse, log: Any) -> dict[str, Any
 
 def _pcie_servers(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
     """Decision latency on clusters of 16-, 20- and 32-GPU PCIe servers with uneven paths
-    (`placement.pcieserver`), cold: the intra-node caches are cleared before every sample, so
+    (`sim.pcieserver`), cold: the intra-node caches are cleared before every sample, so
     each decision pays the whole intra-node search, as the first request on a new free mask
     does."""
     from gputopo.cluster import ClusterSnapshot, NodeState
     from gputopo.placement import POLICIES, intranode, links, place
-    from gputopo.placement.pcieserver import pcie_server
     from gputopo.request import request_from_mapping
+    from gputopo.sim.pcieserver import pcie_server
 
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
@@ -456,8 +456,8 @@ def _pcie_servers(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
 
 def _fragmentation(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
     from gputopo.placement import POLICIES, place
-    from gputopo.placement.scenarios import build_nodes, empty_snapshot, sample_job
     from gputopo.request import Scope, request_from_mapping
+    from gputopo.sim.scenarios import build_nodes, empty_snapshot, sample_job
 
     rows = []
     for layout in [s for s in args.layouts.split(",") if s]:

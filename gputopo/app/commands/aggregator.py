@@ -239,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
     from gputopo.inventory import InventoryError
     from gputopo.runtime.kube import KubeClient, KubeError
     from gputopo.runtime.leader import LeaseConfig
+    from gputopo.runtime.supervisor import RootTaskDiedError
 
     pod_namespace = os.environ.get("POD_NAMESPACE", "")
     pod_name = os.environ.get("POD_NAME", "")
@@ -269,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
     except TlsUsageError as err:
         print(f"gputopo aggregator: {err}", file=sys.stderr)
         return 2
-    from aggregator.service import ttl_limits_problem
+    from gputopo.core import ttl_limits_problem
 
     if (problem := ttl_limits_problem(args.reservation_ttl, args.max_reservation_ttl)) is not None:
         print(f"gputopo aggregator: {problem}", file=sys.stderr)
@@ -317,15 +318,20 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        print("aggregator: shutting down", file=sys.stderr, flush=True)
-        await agg.stop(grace_s=5)
+        try:
+            await agg.tasks.wait(stop)  # a root task that dies ends the process, non-zero
+        finally:
+            print("aggregator: shutting down", file=sys.stderr, flush=True)
+            await agg.stop(grace_s=5)  # releases the Lease: a successor takes over at once
 
     try:
         asyncio.run(serve())
     except (OSError, InventoryError) as err:
         print(f"gputopo aggregator: {err}", file=sys.stderr)
         return 2
+    except RootTaskDiedError as err:
+        print(f"gputopo {err}", file=sys.stderr)
+        return 1
     finally:
         if kube is not None:
             kube.close()

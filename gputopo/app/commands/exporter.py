@@ -135,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     from exporter.nvml import Nvml
     from exporter.probes.runner import ProbeSchedule
     from gputopo.runtime.kube import KubeError
+    from gputopo.runtime.supervisor import RootTaskDiedError
     from gputopo.runtime.tls import TlsUsageError, tls_from_args
 
     root = logging.getLogger()
@@ -203,8 +204,10 @@ def run(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                     flush=True,
                 )
-                await stop.wait()
-                print("exporter: shutting down", file=sys.stderr, flush=True)
+                try:
+                    await agent.tasks.wait(stop)  # a root task that dies ends the process
+                finally:
+                    print("exporter: shutting down", file=sys.stderr, flush=True)
 
         try:
             asyncio.run(serve())
@@ -214,6 +217,9 @@ def run(args: argparse.Namespace) -> int:
         except (ValueError, KubeError) as error:  # a bad device-plugin option, no API access
             print(f"gputopo exporter: {error}", file=sys.stderr)
             return 2
+        except RootTaskDiedError as err:
+            print(f"gputopo {err}", file=sys.stderr)
+            return 1
     return 0
 
 

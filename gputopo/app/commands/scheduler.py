@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gputopo.runtime.kube import KubeClient, KubeError
     from gputopo.runtime.leader import LeaseConfig
+    from gputopo.runtime.supervisor import RootTaskDiedError
     from scheduler.binder import BinderConfig
     from scheduler.preflight import missing
     from scheduler.server import SchedulerProcess, SchedulerProcessConfig
@@ -140,5 +141,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return asyncio.run(main())
+    except RootTaskDiedError as err:  # the binder died: exit non-zero, the Lease is released
+        print(f"gputopo {err}", file=sys.stderr)
+        return 1
     finally:
         kube.close()

@@ -1,4 +1,5 @@
-"""Kernel-style CPU and NUMA lists (`0-31,64-95`) and hex CPU masks, as recordings print them."""
+"""Kernel-style CPU and NUMA lists (`0-31,64-95`) and hex CPU masks, as sysfs and recordings print
+them. Public: the exporter reads sysfs with them and its fakes write them, as the importers do."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Random small placement instances that `placement.exhaustive` can solve: the yardstick's input.
+"""Random small placement instances that `sim.exhaustive` can solve: the yardstick's input.
 
 Each instance is drawn from one `random.Random` (so a seed gives the same instances everywhere:
 `gputopo bench placement --seed`, the tests) and mixes what makes placement hard:
