@@ -211,7 +211,7 @@ def _choose(
     if not pools:
         return None, 0
     work = _start_work(shape)
-    scored = []
+    scored: list[tuple[tuple[int, float, int], tuple[int, ...]]] = []
     for pool in pools:
         for subset in _candidates(shape, pool, count):
             key, units = _score(shape, subset, leaves_node)
