@@ -50,6 +50,7 @@ from aggregator.state import ClusterState, ReportOutcome
 from aggregator.tokens import IdentityError, TokenNodes
 from gputopo.codec import (
     CodecError,
+    check_limits,
     delta_from_proto,
     gpu_use_from_proto,
     peer_probe_from_proto,
@@ -307,6 +308,7 @@ class ReporterService(rgrpc.ReporterServicer):
                 raise CodecError("probe_address", f"{msg.probe_address!r} is not host:port")
         if msg.HasField("sent_at"):
             seconds(msg.sent_at, "sent_at")  # read after applying: checked before
+        check_limits(msg)  # every repeated field and string, before anything is decoded
 
     def _apply(self, msg: rpb.ReportRequest, kind: str) -> ReportOutcome:
         seq = {"incarnation": msg.incarnation, "sequence": msg.sequence}
