@@ -364,9 +364,13 @@ class Aggregator:
                 await asyncio.sleep(delay)
         keep = {r.id for r in stored}
         for old in self.state.reservations():
-            if old.id not in keep:  # released or expired while another replica led
-                self.state.release(old.id)
+            # The store speaks only for what Place made: the inventory's `used` GPUs are never
+            # stored there, so releasing every id it did not return handed them out (issue 25).
+            if old.id not in keep and not old.from_inventory:
+                self.state.release(old.id)  # released or expired while another replica led
         self.state.restore(stored)
+        if self.pods is not None:  # what bound pods hold counts before anything is handed out
+            await self.pods.synced.wait()
         self.placement.ready.set()
         log.info("restored %d reservation(s) from the API server", len(stored))
 
