@@ -42,6 +42,7 @@ from aggregator.podwatch import PodWatcher
 from aggregator.probes import ProbeCoordinator
 from aggregator.promises import KubePromises
 from aggregator.publisher import LabelPublisher, PublisherConfig, node_facts
+from aggregator.roles import DEFAULT_EXPORTER_CLIENTS, RoleInterceptor, Roles
 from aggregator.schedwriter import SchedulerObjectWriter
 from aggregator.service import (
     DEFAULT_RESERVATION_TTL_S,
@@ -126,6 +127,11 @@ class AggregatorConfig:
     token_audience: str = DEFAULT_AUDIENCE
     # With TLS, the client certificate names the scheduler extender answers (kube-scheduler's).
     extender_clients: tuple[str, ...] = DEFAULT_EXTENDER_CLIENTS
+    # With TLS, roles (aggregator.roles): exporters' certificate names (they Report only), the
+    # names that may Place/Commit/Release/Explain (empty: any but a node agent's), operators.
+    exporter_clients: tuple[str, ...] = DEFAULT_EXPORTER_CLIENTS
+    placement_clients: tuple[str, ...] = ()
+    operators: tuple[str, ...] = ()
 
 
 class Aggregator:
@@ -226,6 +232,12 @@ class Aggregator:
                 )
             )
         )
+        self.roles = Roles.of(
+            enforced=config.tls is not None,
+            exporter_clients=config.exporter_clients,
+            placement_clients=config.placement_clients,
+            operators=config.operators,
+        )
         self.http = HttpEndpoints(
             self.state,
             registry=self.registry,
@@ -237,6 +249,8 @@ class Aggregator:
                 app,
                 self.placement,
                 extender_callers=frozenset(config.extender_clients) if config.tls else None,
+                roles=self.roles,
+                holder_of=self._holder_of,
             ),
             ssl_context=ssl_server_context(config.tls) if config.tls else None,
             off_loop=self.placement.off_loop,
@@ -270,6 +284,11 @@ class Aggregator:
         if event.kind in (ChangeKind.STALE, ChangeKind.REMOVED):
             self.probes.forget(event.node)
 
+    def _holder_of(self, reservation_id: str) -> str | None:
+        """Who holds a reservation (for Explain's role check); None when there is none."""
+        found = self.state.reservation(reservation_id)
+        return None if found is None else found.holder
+
     @property
     def grpc_target(self) -> str:
         """host:port clients connect to."""
@@ -286,7 +305,7 @@ class Aggregator:
 
     async def start(self) -> None:
         """Bind and serve; returns once the servers accept connections."""
-        server = grpcio.server()
+        server = grpcio.server(interceptors=[RoleInterceptor(self.roles, self._holder_of)])
         rgrpc.add_ReporterServicer_to_server(self.reporter, server)
         pgrpc.add_PlacementServicer_to_server(self.placement, server)
         self.grpc_port = grpcio.bind(

@@ -95,6 +95,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " default system:kube-scheduler); every other caller gets 403",
     )
     parser.add_argument(
+        "--exporter-client",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="with TLS: the exporters' client certificate name; it may Report and nothing else"
+        " (repeatable; default gputopo-exporter; system:node:NAME certificates likewise)",
+    )
+    parser.add_argument(
+        "--placement-client",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="with TLS: a certificate name that may Place, Commit, Release and Explain its own"
+        " reservations (repeatable; default: any certificate but a node agent's)",
+    )
+    parser.add_argument(
+        "--operator",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="with TLS: a certificate name that may call everything and Explain any reservation",
+    )
+    parser.add_argument(
         "--ghost-ttl",
         type=float,
         default=600.0,
@@ -230,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     from aggregator.publisher import PublisherConfig
+    from aggregator.roles import DEFAULT_EXPORTER_CLIENTS
     from aggregator.server import (
         DEFAULT_EXTENDER_CLIENTS,
         Aggregator,
@@ -278,6 +302,9 @@ def run(args: argparse.Namespace) -> int:
         tls=tls,
         require_node_identity=tls is not None and not args.anonymous_exporters,
         extender_clients=tuple(args.extender_client or DEFAULT_EXTENDER_CLIENTS),
+        exporter_clients=tuple(args.exporter_client or DEFAULT_EXPORTER_CLIENTS),
+        placement_clients=tuple(args.placement_client or ()),
+        operators=tuple(args.operator or ()),
         exporter_accounts=tuple(args.exporter_account or ("gputopo-exporter:gputopo-exporter",)),
         token_audience=args.token_audience,
         health_port=args.health_port,
