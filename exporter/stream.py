@@ -44,11 +44,16 @@ from gputopo.topology import Measurement, NodeTopology
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
-__all__ = ["ProbeTarget", "ReportStream", "StreamStats", "report_channel"]
+__all__ = ["REPORT_BACKOFF", "ProbeTarget", "ReportStream", "StreamStats", "report_channel"]
 
 log = logging.getLogger(__name__)
 
-_DEFAULT_BACKOFF = Backoff()
+# While no aggregator replica leads, the Service has no endpoint and every attempt fails; a
+# backoff that kept doubling to 30 s brought exporters back 36 s after a kill -9 although the
+# new leader served after 17. A 3 s cap keeps the fleet within a few seconds of a failover;
+# jittered over [cap/2, cap], each exporter still tries at most once every 1.5 s.
+REPORT_BACKOFF = Backoff(base_s=0.5, cap_s=3.0)
+_DEFAULT_BACKOFF = REPORT_BACKOFF
 
 
 def report_channel(
