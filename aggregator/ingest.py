@@ -48,6 +48,7 @@ from google.protobuf.duration_pb2 import Duration
 from aggregator.probes import ProbeCoordinator
 from aggregator.state import ClusterState, ReportOutcome
 from aggregator.tokens import IdentityError, TokenNodes
+from gputopo import bounds
 from gputopo.codec import (
     CodecError,
     check_limits,
@@ -63,6 +64,7 @@ from gputopo.runtime.identity import node_of_peer, report_denial
 from gputopo.topology import DeviceKind, NodeTopology
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
+from gputopo.v1 import topology_pb2 as tpb
 
 __all__ = [
     "DEFAULT_MAX_NODES",
@@ -315,6 +317,7 @@ class ReporterService(rgrpc.ReporterServicer):
         probes: list[tuple[str, float]] = []
         use = _kubelet_use(msg, kind)  # decoded (and checked) before anything is applied
         if kind == "snapshot":
+            _check_node_memory(msg.snapshot.topology)
             topology = topology_from_proto(msg.snapshot.topology, "snapshot.topology")
             if topology.name != msg.node_name:
                 raise CodecError(
@@ -367,6 +370,22 @@ class ReporterService(rgrpc.ReporterServicer):
             for peer, address in self._probes.due(msg.node_name, self._wall()):
                 resp.probe_targets.append(rpb.ProbeTarget(node_name=peer, address=address))
         return resp
+
+
+def _check_node_memory(topo: tpb.NodeTopology) -> None:
+    """CodecError when keeping this node would pass the per-node memory budget
+    (`gputopo.bounds.NODE_MEMORY_BUDGET`): aggregator memory stays at most nodes x budget."""
+    estimate = bounds.node_memory(
+        gpus=len(topo.gpus),
+        nics=len(topo.nics),
+        numa_nodes=len(topo.numa_nodes),
+        links=len(topo.links),
+        wire_bytes=topo.ByteSize(),
+    )
+    try:
+        bounds.check_node_memory("snapshot.topology", estimate)
+    except bounds.BoundsError as err:
+        raise CodecError(err.field, err.reason) from None
 
 
 def _kubelet_use(msg: rpb.ReportRequest, kind: str) -> tuple[GpuUse | None] | None:

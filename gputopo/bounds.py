@@ -28,12 +28,15 @@ __all__ = [
     "MAX_NUMA_NODES",
     "MAX_PROBLEMS",
     "MAX_TEXT",
+    "NODE_MEMORY_BUDGET",
     "REPORT_LIMITS",
     "BoundsError",
     "Limit",
     "check_count",
+    "check_node_memory",
     "check_number",
     "check_text",
+    "node_memory",
 ]
 
 # The largest single nodes have 16-20 GPUs (DGX-2 class, PCIe servers); 128 leaves room for
@@ -157,6 +160,31 @@ REPORT_LIMITS: Mapping[str, Limit] = MappingProxyType(
         "gputopo.v1.PeerProbe.peer": Limit(chars=_K8S_NAME),
     }
 )
+
+
+# What the aggregator may keep for one node. It keeps the decoded topology (a link about 600
+# bytes with its index entry and a measurement), the node's interned shape (n x n bandwidths
+# and kinds, about 96 bytes a pair) and per-GPU and per-NIC records. Measured over gRPC
+# (tests/aggregator/test_node_memory.py): a 128-GPU PCIe node of 10,560 links (288 KB on the
+# wire) costs 5.1 MiB, estimated at 8.1; with every link measured, 6.4 MiB against 8.5. With
+# every node under the budget, aggregator memory is at most nodes x NODE_MEMORY_BUDGET plus its
+# own.
+NODE_MEMORY_BUDGET = 16 << 20
+
+
+def node_memory(*, gpus: int, nics: int, numa_nodes: int, links: int, wire_bytes: int) -> int:
+    """Bytes the aggregator keeps for a node of these counts (an estimate that errs high)."""
+    return 600 * links + 96 * gpus * gpus + 2048 * gpus + 1024 * (nics + numa_nodes) + wire_bytes
+
+
+def check_node_memory(field: str, estimate: int, budget: int = NODE_MEMORY_BUDGET) -> None:
+    """At most `budget` bytes kept for one node."""
+    if estimate > budget:
+        raise BoundsError(
+            field,
+            f"would keep about {estimate / (1 << 20):.1f} MiB for one node, more than the"
+            f" per-node budget of {budget / (1 << 20):.0f} MiB",
+        )
 
 
 class BoundsError(ValueError):
