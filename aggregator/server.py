@@ -53,6 +53,7 @@ from aggregator.service import (
 from aggregator.state import ClusterState
 from aggregator.tokens import DEFAULT_AUDIENCE, TokenNodes
 from gputopo.inventory import Inventory, inventory_labels, inventory_topologies, load_inventory
+from gputopo.placement import intranode
 from gputopo.reservations import INVENTORY_OWNER, Reservation, new_reservation_id
 from gputopo.runtime import grpcio
 from gputopo.runtime.kube import KubeClient, KubeError
@@ -421,6 +422,8 @@ class Aggregator:
             await asyncio.sleep(self.config.housekeeping_interval_s)
             expired = self.state.expire()
             flipped = self.state.check_stale()
+            if intranode.pending_refinements():  # in-node answers the budget cut short
+                await self.placement.off_loop(intranode.refine)
             if self.config.ghost_ttl_s > 0:
                 ghosts = self.state.forget_ghosts(
                     ttl_s=self.config.ghost_ttl_s,

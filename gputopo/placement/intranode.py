@@ -28,8 +28,10 @@ The GPUs come back in ring order: consecutive ranks sit on the best links.
 One node's search can never hold up the others: it may look at `NODE_BUDGET` links in all (a
 work unit, counted the same on every machine and whether or not a cache answered), and past
 that it answers with the best subset weighed so far, `complete=False` and `ring_bound_gbps`, a
-ring no choice of those GPUs can beat. What it spends is bounded on the worst nodes the
-report's limits allow (128 GPUs on uneven PCIe trees, with noisy measured links), because:
+ring no choice of those GPUs can beat; `refine` searches such questions again with more budget
+in the background, and later answers are the refined ones. What it spends is bounded on the
+worst nodes the report's limits allow (128 GPUs on uneven PCIe trees, with noisy measured
+links), because:
 
 - rings are compared by bucket on a matrix of buckets (`_bucketed`), where measurement noise
   inside a bucket vanishes and a PCIe tree stays a tree, so the polynomial ring proves itself;
@@ -40,6 +42,8 @@ report's limits allow (128 GPUs on uneven PCIe trees, with noisy measured links)
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -56,6 +60,7 @@ __all__ = [
     "ALTERNATIVE_RINGS",
     "MAX_SUBSETS",
     "NODE_BUDGET",
+    "REFINE_FACTOR",
     "NodeChoice",
     "candidate_subsets",
     "ceilings",
@@ -65,6 +70,8 @@ __all__ = [
     "figures_of",
     "mask_of",
     "network_front",
+    "pending_refinements",
+    "refine",
     "ring_alternatives",
     "search_work",
     "twin_classes",
@@ -81,6 +88,14 @@ ALTERNATIVE_RINGS = 2
 # limits allow need about a tenth of it (tests/placement/test_intranode_worst.py counts them);
 # spent, it costs well under a second of pure Python, so one 128-GPU node cannot hold up a Place.
 NODE_BUDGET = 1_000_000
+# A question cut short is searched again in the background (`refine`) with this many times the
+# budget, and the refined answer replaces it; at most `_MAX_KEPT` questions wait or are kept.
+REFINE_FACTOR = 8
+_MAX_KEPT = 1024
+_Key = tuple[NodeShape, int, int, bool, bool]
+_pending: OrderedDict[_Key, None] = OrderedDict()
+_refined: dict[_Key, NodeChoice] = {}
+_lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +145,9 @@ def _bits(mask: int) -> tuple[int, ...]:
 
 def clear_caches() -> None:
     """Forget every cached answer (benchmarks time the search cold with this)."""
+    with _lock:
+        _pending.clear()
+        _refined.clear()
     _choose.cache_clear()
     _front.cache_clear()
     _figures.cache_clear()
@@ -166,7 +184,37 @@ def choose(
         return NodeChoice((), math.inf, LinkKind.NVLINK, (), (), math.inf)
     if free_mask.bit_count() < count:
         return None
-    return _choose(shape, free_mask, count, leaves_node, island)[0]
+    key = (shape, free_mask, count, leaves_node, island)
+    refined = _refined.get(key)
+    if refined is not None:
+        return refined
+    return _choose(*key)[0]
+
+
+def refine(*, limit: int = 16) -> int:
+    """Search again, with `REFINE_FACTOR` times the budget, up to `limit` questions whose answer
+    the budget cut short; later `choose` calls get the refined answer. Returns how many were
+    refined. The aggregator calls this off the event loop when it is idle (housekeeping), so a
+    cut-short answer is served at once and improved in the background."""
+    done = 0
+    while done < limit:
+        with _lock:
+            if not _pending:
+                break
+            key, _ = _pending.popitem(last=False)
+        found, _ = _search(*key, budget=NODE_BUDGET * REFINE_FACTOR)
+        if found is not None:
+            with _lock:
+                if len(_refined) >= _MAX_KEPT:
+                    _refined.pop(next(iter(_refined)))
+                _refined[key] = found
+        done += 1
+    return done
+
+
+def pending_refinements() -> int:
+    """Questions whose answer was cut short and awaits `refine`."""
+    return len(_pending)
 
 
 def search_work(
@@ -187,10 +235,11 @@ def search_work(
 class _Work:
     """Links one node's search may still look at; `short` once it had to stop early."""
 
-    __slots__ = ("left", "short")
+    __slots__ = ("budget", "left", "short")
 
-    def __init__(self) -> None:
-        self.left = NODE_BUDGET
+    def __init__(self, budget: int | None = None) -> None:
+        self.left = NODE_BUDGET if budget is None else budget
+        self.budget = self.left
         self.short = False
 
     def spend(self, units: int) -> bool:
@@ -206,11 +255,29 @@ class _Work:
 def _choose(
     shape: NodeShape, free_mask: int, count: int, leaves_node: bool, island: bool
 ) -> tuple[NodeChoice | None, int]:
+    found, spent = _search(shape, free_mask, count, leaves_node, island, budget=NODE_BUDGET)
+    if found is not None and not found.complete:
+        with _lock:  # searches run in a thread pool
+            if len(_pending) >= _MAX_KEPT:
+                _pending.popitem(last=False)
+            _pending[(shape, free_mask, count, leaves_node, island)] = None
+    return found, spent
+
+
+def _search(
+    shape: NodeShape,
+    free_mask: int,
+    count: int,
+    leaves_node: bool,
+    island: bool,
+    *,
+    budget: int,
+) -> tuple[NodeChoice | None, int]:
     free = _bits(free_mask)
     pools = _pools(shape, free, count) if island else [free]
     if not pools:
         return None, 0
-    work = _start_work(shape)
+    work = _start_work(shape, budget)
     scored: list[tuple[tuple[int, float, int], tuple[int, ...]]] = []
     for pool in pools:
         for subset in _candidates(shape, pool, count):
@@ -226,7 +293,7 @@ def _choose(
     else:
         best = ties[0]
     found = figures_of(shape, best)
-    spent = NODE_BUDGET - work.left
+    spent = work.budget - work.left
     if not work.short:
         return found, spent
     return replace(found, complete=False, ring_bound_gbps=_ring_cap(shape, free, count)), spent
@@ -519,9 +586,9 @@ def _whole_ring(shape: NodeShape, *, bucketed: bool) -> tuple[tuple[int, ...], i
     return found.order, found.work
 
 
-def _start_work(shape: NodeShape) -> _Work:
+def _start_work(shape: NodeShape, budget: int | None = None) -> _Work:
     """A node's budget for one question, less the whole rings a big node's search uses."""
-    work = _Work()
+    work = _Work(budget)
     if shape.gpu_count > EXACT_RING_GPUS:
         work.spend(_whole_ring(shape, bucketed=True)[1] + _whole_ring(shape, bucketed=False)[1])
     return work

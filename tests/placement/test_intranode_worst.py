@@ -174,3 +174,26 @@ def test_three_worst_nodes_at_once_answer_an_honest_place_quickly() -> None:
     # 9.7 s per node still fails.
     assert took[1] < 2.0, took
     assert took[8] < 5.0, took
+
+
+def test_an_answer_cut_short_is_refined_in_the_background(monkeypatch: pytest.MonkeyPatch) -> None:
+    shape = _shape("every link measured with noise")
+    intranode.clear_caches()
+    try:
+        # as in the test above: the budget runs out while subsets are weighed; refining gets
+        # REFINE_FACTOR times as much, enough to finish
+        monkeypatch.setattr(intranode, "NODE_BUDGET", 150_000)
+        monkeypatch.setattr(intranode, "REFINE_FACTOR", 20)
+        first = intranode.choose(shape, shape.full_mask, 8)
+        assert first is not None
+        assert not first.complete
+        assert intranode.pending_refinements() == 1
+        assert intranode.refine() == 1
+        assert intranode.pending_refinements() == 0
+        later = intranode.choose(shape, shape.full_mask, 8)
+        assert later is not None
+        assert later.complete
+        assert intranode._bucket(later.ring_gbps) <= intranode._bucket(first.ring_gbps)
+    finally:
+        monkeypatch.undo()
+        intranode.clear_caches()
