@@ -29,6 +29,7 @@ import grpc
 
 from gputopo import __version__
 from gputopo.codec import (
+    clip_texts,
     delta_to_proto,
     gpu_use_to_proto,
     peer_probe_to_proto,
@@ -177,7 +178,7 @@ class ReportStream:
 
     def _message(self, **payload: object) -> rpb.ReportRequest:
         self._sequence += 1
-        return rpb.ReportRequest(
+        msg = rpb.ReportRequest(
             node_name=self.node_name,
             incarnation=self.incarnation,
             sequence=self._sequence,
@@ -186,6 +187,8 @@ class ReportStream:
             probe_address=self._probe_address,
             **payload,  # type: ignore[arg-type]
         )
+        clip_texts(msg)  # an overlong NVML reason is cut, not the whole report refused
+        return msg
 
     async def _stream_once(self) -> None:
         metadata = None

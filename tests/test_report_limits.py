@@ -160,3 +160,17 @@ def test_over_grpc_a_report_past_a_bound_ends_invalid_argument_naming_it() -> No
             await agg.stop(grace_s=0.1)
 
     run(go(), timeout_s=60)
+
+
+def test_the_exporter_cuts_an_overlong_string_to_its_bound_instead_of_losing_the_report() -> None:
+    from gputopo.codec import clip_texts
+
+    topo = topology_to_proto(nvswitch_node("n1", gpus=2))
+    topo.nvml.reason = "NVML: " + "x" * 5_000
+    topo.problems.append("y" * 3_000)
+    msg = rpb.ReportRequest(
+        node_name="n1", incarnation=1, sequence=1, snapshot=rpb.Snapshot(topology=topo)
+    )
+    assert clip_texts(msg) == 2
+    check_limits(msg)
+    assert msg.snapshot.topology.nvml.reason.startswith("NVML: x")

@@ -16,7 +16,7 @@ from google.protobuf.message import Message
 from gputopo.bounds import REPORT_LIMITS, Limit
 from gputopo.codec._base import CodecError
 
-__all__ = ["check_limits"]
+__all__ = ["check_limits", "clip_texts"]
 
 _STRING = (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES)
 _INTEGER = (
@@ -74,3 +74,27 @@ def _check_text(text: str | bytes, limit: Limit | None, where: str) -> None:
 def _check_value(value: int, limit: Limit, where: str) -> None:
     if value > limit.value:
         raise CodecError(where, f"{value} is beyond what hardware has ({limit.value} at most)")
+
+
+def clip_texts(msg: Message) -> int:
+    """Cut every string of `msg` (recursively) to its bound; returns how many were cut.
+
+    The sender's side of `check_limits`: an NVML error or a kernel cpulist longer than its bound
+    is cut to fit rather than have the whole report refused (degrade, do not drop). Counts are
+    left alone: a list past its bound is a fault the aggregator should refuse and name."""
+    cut = 0
+    for field, value in msg.ListFields():
+        limit = REPORT_LIMITS.get(field.full_name)
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            for item in value if field.is_repeated else (value,):
+                cut += clip_texts(item)
+        elif field.type in _STRING and limit is not None and limit.chars:
+            if field.is_repeated:
+                for i, text in enumerate(value):
+                    if len(text) > limit.chars:
+                        value[i] = text[: limit.chars]
+                        cut += 1
+            elif len(value) > limit.chars:
+                setattr(msg, field.name, value[: limit.chars])
+                cut += 1
+    return cut
