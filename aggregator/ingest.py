@@ -331,6 +331,7 @@ class ReporterService(rgrpc.ReporterServicer):
             rec = self._state.record(msg.node_name)
             if rec is not None and rec.reported is not None and rec.incarnation == msg.incarnation:
                 _check_delta(rec.reported, delta)
+                _check_delta_memory(rec.reported, delta, msg.delta.ByteSize())
             outcome = self._state.apply_delta(msg.node_name, delta, **seq)
         elif kind == "heartbeat":
             outcome = self._state.heartbeat(msg.node_name, **seq)
@@ -384,6 +385,30 @@ def _check_node_memory(topo: tpb.NodeTopology) -> None:
     )
     try:
         bounds.check_node_memory("snapshot.topology", estimate)
+    except bounds.BoundsError as err:
+        raise CodecError(err.field, err.reason) from None
+
+
+# About what a link takes on the wire (two refs, kind, lanes, bandwidth, a measurement): the
+# text term of a merged node's estimate, whose own strings the snapshot check already bounded.
+_LINK_WIRE_BYTES = 48
+
+
+def _check_delta_memory(base: NodeTopology, delta: NodeDelta, delta_bytes: int) -> None:
+    """The budget of `_check_node_memory` for the node a delta would leave (links it adds on
+    top of the node's, its own size on top of the node's links on the wire)."""
+    removed = sum(1 for a, b in delta.removed_links if base.link(a, b) is not None)
+    links = len(base.links) - removed
+    links += sum(1 for lk in delta.links if base.link(lk.a, lk.b) is None)
+    estimate = bounds.node_memory(
+        gpus=len({g.index for g in delta.gpus} | set(range(len(base.gpus)))),
+        nics=len({n.index for n in delta.nics} | set(range(len(base.nics)))),
+        numa_nodes=len(base.numa_nodes),
+        links=links,
+        wire_bytes=_LINK_WIRE_BYTES * links + delta_bytes,
+    )
+    try:
+        bounds.check_node_memory("delta", estimate)
     except bounds.BoundsError as err:
         raise CodecError(err.field, err.reason) from None
 

@@ -123,3 +123,44 @@ def test_the_worst_honest_nodes_cost_less_than_their_estimate_and_the_budget() -
     # allocator slack, so it is compared with 1.5x the estimate, and with the budget itself.
     assert per_node < 1.5 * estimate
     assert per_node < NODE_MEMORY_BUDGET
+
+
+def test_a_delta_that_would_take_a_node_past_the_budget_is_refused_naming_it() -> None:
+    base = tpb.NodeTopology(name="grows")
+    for i in range(128):
+        base.gpus.add(index=i, uuid=f"GPU-{i}")
+    for j in range(64):
+        base.nics.add(index=j, name=f"mlx5_{j}")
+    delta = rpb.Delta()
+    why = "x" * 500  # within the 1,024-character bound of a link's health_reason
+    for a in range(128):
+        for b in range(a + 1, 128):
+            delta.links.add(a=tpb.DeviceRef(kind=1, index=a), b=tpb.DeviceRef(kind=1, index=b),
+                            kind=3, health_reason=why)  # fmt: skip
+        for j in range(64):
+            delta.links.add(a=tpb.DeviceRef(kind=1, index=a), b=tpb.DeviceRef(kind=2, index=j),
+                            kind=3, health_reason=why)  # fmt: skip
+
+    async def go() -> None:
+        agg = Aggregator(AggregatorConfig())
+        await agg.start()
+        try:
+            async with grpc.aio.insecure_channel(agg.grpc_target) as channel:
+                call = rgrpc.ReporterStub(channel).Report()
+                await call.write(_report(base))  # small: 192 devices, no links
+                assert (await call.read()).status == rpb.ReportResponse.STATUS_ACCEPTED
+                await call.write(
+                    rpb.ReportRequest(node_name="grows", incarnation=1, sequence=2, delta=delta)
+                )
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await call.read()
+                assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert (caught.value.details() or "").startswith("delta: would keep")
+                record = agg.state.record("grows")
+                assert record is not None
+                assert record.reported is not None
+                assert not record.reported.links  # nothing of the delta applied
+        finally:
+            await agg.stop(grace_s=0.1)
+
+    run(go(), timeout_s=120)
