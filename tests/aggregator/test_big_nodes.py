@@ -71,8 +71,8 @@ def test_an_honest_place_answers_quickly_beside_three_128_gpu_nodes() -> None:
         return took
 
     took = run(go(), timeout_s=120)
-    # The acceptance figures are 0.1 s and 1 s; measured on a quiet 2-core machine about
-    # 0.06 s and 0.05 s. 20x slack for cores shared with parallel builds: the old search (8-19
-    # s per Place, DEADLINE_EXCEEDED at 20 s) still fails by far.
+    # The acceptance figures are 0.1 s and 1 s; measured 0.1-0.23 s and 0.07-0.26 s with 2
+    # cores shared at a load of 6-8 (scripts/bench_big_nodes.py). 20x and 5x slack for such
+    # sharing: the old search (8-19 s per Place, DEADLINE_EXCEEDED at 20 s) still fails.
     assert max(took[1]) < 2.0, took
     assert max(took[8]) < 5.0, took

@@ -169,9 +169,9 @@ def test_three_worst_nodes_at_once_answer_an_honest_place_quickly() -> None:
                 intranode.search_work(shape, shape.full_mask, gpus)
                 <= MARGIN * intranode.NODE_BUDGET
             )
-    # The acceptance figures are 0.1 s and 1 s (about 0.05 s and 0.03 s measured on a quiet
-    # machine); 20x slack for two cores shared with parallel builds: a regression to the old
-    # 9.7 s per node still fails.
+    # The acceptance figures are 0.1 s and 1 s (0.05 s and 0.03 s measured on the quiet
+    # machine, 0.09-0.27 s at a load of 6-8 on 2 cores); 20x and 5x slack for such sharing: a
+    # regression to the old 5-10 s still fails.
     assert took[1] < 2.0, took
     assert took[8] < 5.0, took
 
