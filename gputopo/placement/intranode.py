@@ -85,7 +85,7 @@ MAX_SUBSETS = 512
 # How many slower ring buckets `ring_alternatives` offers a subset from.
 ALTERNATIVE_RINGS = 2
 # Links one node's search may look at per question (`choose`, `ceilings`). The worst shapes the
-# limits allow need about a tenth of it (tests/placement/test_intranode_worst.py counts them);
+# limits allow need under half of it (tests/placement/test_intranode_worst.py counts them);
 # spent, it costs well under a second of pure Python, so one 128-GPU node cannot hold up a Place.
 NODE_BUDGET = 1_000_000
 # A question cut short is searched again in the background (`refine`) with this many times the
