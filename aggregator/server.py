@@ -333,6 +333,9 @@ class Aggregator:
             self._tasks.append(asyncio.create_task(self.nodes.run(), name="node-watch"))
         if self.pods is not None:
             self._tasks.append(asyncio.create_task(self.pods.run(), name="pod-watch"))
+            if self.promises is None:  # durable mode waits in _restore
+                self.placement.ready.clear()
+                self._tasks.append(asyncio.create_task(self._ready_after_pods(), name="pods-in"))
         if self.claims is not None:
             self._tasks.append(asyncio.create_task(self.claims.run(), name="claim-watch"))
         if self.elector is not None:
@@ -393,6 +396,13 @@ class Aggregator:
             await self.pods.synced.wait()
         self.placement.ready.set()
         log.info("restored %d reservation(s) from the API server", len(stored))
+
+    async def _ready_after_pods(self) -> None:
+        """Reserve nothing until the pod watcher's first list is in: what bound pods hold is
+        not free, even in the first moments after a start."""
+        assert self.pods is not None
+        await self.pods.synced.wait()
+        self.placement.ready.set()
 
     async def _mark_pod(self, *, leader: bool) -> None:
         opts = self.config.kube

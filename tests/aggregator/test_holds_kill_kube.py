@@ -112,3 +112,30 @@ def test_every_hold_survives_a_start_and_a_kill_9(
                 await process.kill()
 
     run(go(), timeout_s=240)
+
+
+def test_without_a_durable_store_pods_and_the_inventory_hold_from_the_first_place(
+    kube_apiserver: KubeApiServer, kube_scope: KubeScope, tmp_path: Path
+) -> None:
+    """Memory-only mode keeps no reservation across a restart (by design), but what pods and
+    the inventory hold is held from the first Place on: nothing is handed out before the pod
+    watcher's first list is in."""
+    with kube_apiserver.json_session() as session:
+        path = f"/api/v1/namespaces/{kube_scope.namespace}/pods"
+        assert session.request("POST", path, body=_pod(kube_scope.namespace)).ok
+    process = Process(kube_apiserver, kube_scope.namespace, tmp_path / "aggregator.log")
+    at = process.argv.index("--reservations-namespace")
+    del process.argv[at : at + 2]
+
+    async def go() -> None:
+        await process.start()
+        try:
+            async with grpcio.channel(process.target) as channel:
+                _, got = await _grab_all(PlacementClient(channel))
+            assert not got & USED
+            assert len(got) == TOTAL - len(USED) - POD_GPUS
+        finally:
+            with contextlib.suppress(AssertionError, ProcessLookupError):
+                await process.kill()
+
+    run(go(), timeout_s=240)
