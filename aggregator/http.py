@@ -95,7 +95,10 @@ class TopologyCache:
         key = (include_links, start, limit)
         now = self._clock()
         held = self._entries.get(key)
-        if held is not None and now - held[0] <= self._max_age_s:
+        # A build under way is shared however long it takes; finished bytes age from when they
+        # were ready, not from when their build began (a 2,000-node build can take longer than
+        # max_age_s on a slow machine, and then every GET built again).
+        if held is not None and (not held[1].done() or now - held[0] <= self._max_age_s):
             return await asyncio.shield(held[1])
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._entries[key] = (now, future)
@@ -106,6 +109,8 @@ class TopologyCache:
             future.set_exception(err)
             future.exception()  # retrieved: a failed build is reported to its own caller
             raise
+        if self._entries.get(key, (0.0, None))[1] is future:
+            self._entries[key] = (self._clock(), future)
         future.set_result(body)
         return body
 

@@ -45,6 +45,7 @@ from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from aggregator.roles import Roles
 from aggregator.service import PlacementService
 from gputopo.codec.placement import request_json_with_wire_names
 from gputopo.core import PlacementError
@@ -86,6 +87,7 @@ def _caller(request: web.Request) -> str:
 def _mirror(
     handler: Callable[[Any, str], Awaitable[Message]],
     message_type: type[Message],
+    gate: Callable[[Message, str], str | None] = lambda _msg, _caller: None,
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     """An aiohttp handler that parses `message_type` from JSON, calls `handler` with it and the
     caller's identity, answers JSON.
@@ -111,8 +113,11 @@ def _mirror(
             msg = json_format.ParseDict(body, message_type())
         except json_format.ParseError as err:
             return _error("INVALID_ARGUMENT", f"body: {err}")
+        caller = _caller(request)
+        if (why := gate(msg, caller)) is not None:  # the gRPC method's role (aggregator.roles)
+            return _error("PERMISSION_DENIED", why)
         try:
-            return web.json_response(_to_json(await handler(msg, _caller(request))))
+            return web.json_response(_to_json(await handler(msg, caller)))
         except PlacementError as err:
             return _error(err.code, err.message)
 
@@ -241,6 +246,8 @@ def add_placement_routes(
     service: PlacementService,
     *,
     extender_callers: frozenset[str] | None = None,
+    roles: Roles | None = None,
+    holder_of: Callable[[str], str | None] = lambda _rid: None,
 ) -> None:
     """Serve the JSON mirror and the extender verbs from `app` (see the module docstring).
 
@@ -260,10 +267,25 @@ def add_placement_routes(
     async def explain(msg: ppb.ExplainRequest, _caller: str) -> Message:
         return await service.explain(msg)
 
-    app.router.add_post("/api/v1/placement/place", _mirror(place, ppb.PlaceRequest))
-    app.router.add_post("/api/v1/placement/commit", _mirror(commit, ppb.CommitRequest))
-    app.router.add_post("/api/v1/placement/release", _mirror(release, ppb.ReleaseRequest))
-    app.router.add_post("/api/v1/placement/explain", _mirror(explain, ppb.ExplainRequest))
+    def gate(method: str) -> Callable[[Message, str], str | None]:
+        def check(msg: Message, caller: str) -> str | None:
+            if roles is None:
+                return None
+            rid = getattr(msg, "reservation_id", "") if method.endswith("/Explain") else ""
+            why = roles.denial(method, caller, holder=holder_of(rid) if rid else None)
+            return None if why is None else f"{method}: {why}"
+
+        return check
+
+    base = "/gputopo.v1.Placement/"
+    for verb, handler, kind in (
+        ("place", place, ppb.PlaceRequest),
+        ("commit", commit, ppb.CommitRequest),
+        ("release", release, ppb.ReleaseRequest),
+        ("explain", explain, ppb.ExplainRequest),
+    ):
+        route = _mirror(handler, kind, gate(base + verb.capitalize()))
+        app.router.add_post(f"/api/v1/placement/{verb}", route)
     extender = _Extender(service, extender_callers)
     app.router.add_post("/scheduler/filter", extender.filter)
     app.router.add_post("/scheduler/prioritize", extender.prioritize)

@@ -48,19 +48,23 @@ from google.protobuf.duration_pb2 import Duration
 from aggregator.probes import ProbeCoordinator
 from aggregator.state import ClusterState, ReportOutcome
 from aggregator.tokens import IdentityError, TokenNodes
+from gputopo import bounds
 from gputopo.codec import (
     CodecError,
+    check_limits,
     delta_from_proto,
     gpu_use_from_proto,
     peer_probe_from_proto,
     seconds,
     topology_from_proto,
 )
-from gputopo.delta import DeltaError
+from gputopo.delta import DeltaError, NodeDelta
 from gputopo.gpu_use import GpuUse
 from gputopo.runtime.identity import node_of_peer, report_denial
+from gputopo.topology import NodeTopology
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
+from gputopo.v1 import topology_pb2 as tpb
 
 __all__ = [
     "DEFAULT_MAX_NODES",
@@ -306,12 +310,14 @@ class ReporterService(rgrpc.ReporterServicer):
                 raise CodecError("probe_address", f"{msg.probe_address!r} is not host:port")
         if msg.HasField("sent_at"):
             seconds(msg.sent_at, "sent_at")  # read after applying: checked before
+        check_limits(msg)  # every repeated field and string, before anything is decoded
 
     def _apply(self, msg: rpb.ReportRequest, kind: str) -> ReportOutcome:
         seq = {"incarnation": msg.incarnation, "sequence": msg.sequence}
         probes: list[tuple[str, float]] = []
         use = _kubelet_use(msg, kind)  # decoded (and checked) before anything is applied
         if kind == "snapshot":
+            _check_node_memory(msg.snapshot.topology)
             topology = topology_from_proto(msg.snapshot.topology, "snapshot.topology")
             if topology.name != msg.node_name:
                 raise CodecError(
@@ -322,6 +328,11 @@ class ReporterService(rgrpc.ReporterServicer):
         elif kind == "delta":
             delta = delta_from_proto(msg.delta)
             probes = _peer_probes(msg.delta, msg.node_name)
+            rec = self._state.record(
+                msg.node_name
+            )  # the state checks the delta; the budget is ours
+            if rec is not None and rec.reported is not None and rec.incarnation == msg.incarnation:
+                _check_delta_memory(rec.reported, delta, msg.delta.ByteSize())
             outcome = self._state.apply_delta(msg.node_name, delta, **seq)
         elif kind == "heartbeat":
             outcome = self._state.heartbeat(msg.node_name, **seq)
@@ -361,6 +372,46 @@ class ReporterService(rgrpc.ReporterServicer):
             for peer, address in self._probes.due(msg.node_name, self._wall()):
                 resp.probe_targets.append(rpb.ProbeTarget(node_name=peer, address=address))
         return resp
+
+
+def _check_node_memory(topo: tpb.NodeTopology) -> None:
+    """CodecError when keeping this node would pass the per-node memory budget
+    (`gputopo.bounds.NODE_MEMORY_BUDGET`): aggregator memory stays at most nodes x budget."""
+    estimate = bounds.node_memory(
+        gpus=len(topo.gpus),
+        nics=len(topo.nics),
+        numa_nodes=len(topo.numa_nodes),
+        links=len(topo.links),
+        wire_bytes=topo.ByteSize(),
+    )
+    try:
+        bounds.check_node_memory("snapshot.topology", estimate)
+    except bounds.BoundsError as err:
+        raise CodecError(err.field, err.reason) from None
+
+
+# About what a link takes on the wire (two refs, kind, lanes, bandwidth, a measurement): the
+# text term of a merged node's estimate, whose own strings the snapshot check already bounded.
+_LINK_WIRE_BYTES = 48
+
+
+def _check_delta_memory(base: NodeTopology, delta: NodeDelta, delta_bytes: int) -> None:
+    """The budget of `_check_node_memory` for the node a delta would leave (links it adds on
+    top of the node's, its own size on top of the node's links on the wire)."""
+    removed = sum(1 for a, b in delta.removed_links if base.link(a, b) is not None)
+    links = len(base.links) - removed
+    links += sum(1 for lk in delta.links if base.link(lk.a, lk.b) is None)
+    estimate = bounds.node_memory(
+        gpus=len({g.index for g in delta.gpus} | set(range(len(base.gpus)))),
+        nics=len({n.index for n in delta.nics} | set(range(len(base.nics)))),
+        numa_nodes=len(base.numa_nodes),
+        links=links,
+        wire_bytes=_LINK_WIRE_BYTES * links + delta_bytes,
+    )
+    try:
+        bounds.check_node_memory("delta", estimate)
+    except bounds.BoundsError as err:
+        raise CodecError(err.field, err.reason) from None
 
 
 def _kubelet_use(msg: rpb.ReportRequest, kind: str) -> tuple[GpuUse | None] | None:

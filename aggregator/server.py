@@ -42,6 +42,7 @@ from aggregator.podwatch import PodWatcher
 from aggregator.probes import ProbeCoordinator
 from aggregator.promises import KubePromises
 from aggregator.publisher import LabelPublisher, PublisherConfig, node_facts
+from aggregator.roles import DEFAULT_EXPORTER_CLIENTS, RoleInterceptor, Roles
 from aggregator.schedwriter import SchedulerObjectWriter
 from aggregator.service import PlacementService
 from aggregator.state import ClusterState
@@ -53,6 +54,7 @@ from gputopo.core import (
     PlacementCore,
 )
 from gputopo.inventory import Inventory, inventory_labels, inventory_topologies, load_inventory
+from gputopo.placement import intranode
 from gputopo.reservations import INVENTORY_OWNER, Reservation, new_reservation_id
 from gputopo.runtime import grpcio
 from gputopo.runtime.kube import KubeClient, KubeError
@@ -128,6 +130,11 @@ class AggregatorConfig:
     token_audience: str = DEFAULT_AUDIENCE
     # With TLS, the client certificate names the scheduler extender answers (kube-scheduler's).
     extender_clients: tuple[str, ...] = DEFAULT_EXTENDER_CLIENTS
+    # With TLS, roles (aggregator.roles): exporters' certificate names (they Report only), the
+    # names that may Place/Commit/Release/Explain (empty: any but a node agent's), operators.
+    exporter_clients: tuple[str, ...] = DEFAULT_EXPORTER_CLIENTS
+    placement_clients: tuple[str, ...] = ()
+    operators: tuple[str, ...] = ()
 
 
 class Aggregator:
@@ -233,6 +240,12 @@ class Aggregator:
                 )
             )
         )
+        self.roles = Roles.of(
+            enforced=config.tls is not None,
+            exporter_clients=config.exporter_clients,
+            placement_clients=config.placement_clients,
+            operators=config.operators,
+        )
         self.http = HttpEndpoints(
             self.state,
             registry=self.registry,
@@ -244,6 +257,8 @@ class Aggregator:
                 app,
                 self.service,
                 extender_callers=frozenset(config.extender_clients) if config.tls else None,
+                roles=self.roles,
+                holder_of=self._holder_of,
             ),
             ssl_context=ssl_server_context(config.tls) if config.tls else None,
             off_loop=self.placement.off_loop,
@@ -280,6 +295,11 @@ class Aggregator:
         if event.kind in (ChangeKind.STALE, ChangeKind.REMOVED):
             self.probes.forget(event.node)
 
+    def _holder_of(self, reservation_id: str) -> str | None:
+        """Who holds a reservation (for Explain's role check); None when there is none."""
+        found = self.state.reservation(reservation_id)
+        return None if found is None else found.holder
+
     @property
     def grpc_target(self) -> str:
         """host:port clients connect to."""
@@ -312,7 +332,7 @@ class Aggregator:
 
     async def start(self) -> None:
         """Bind and serve; returns once the servers accept connections."""
-        server = grpcio.server()
+        server = grpcio.server(interceptors=[RoleInterceptor(self.roles, self._holder_of)])
         rgrpc.add_ReporterServicer_to_server(self.reporter, server)
         pgrpc.add_PlacementServicer_to_server(self.service, server)
         self.grpc_port = grpcio.bind(
@@ -339,6 +359,11 @@ class Aggregator:
             self._tasks.append(self.tasks.spawn(self.nodes.run(), name="node-watch"))
         if self.pods is not None:
             self._tasks.append(self.tasks.spawn(self.pods.run(), name="pod-watch"))
+            if self.promises is None:  # durable mode waits in _restore
+                self.placement.ready.clear()
+                # Not a root task: it ends once the first list is in (the supervisor would take
+                # a root task that returns for a death).
+                self._tasks.append(asyncio.create_task(self._ready_after_pods(), name="pods-in"))
         if self.claims is not None:
             self._tasks.append(self.tasks.spawn(self.claims.run(), name="claim-watch"))
         if self.elector is not None:
@@ -377,8 +402,16 @@ class Aggregator:
         """
         if self.promises is None:
             return
-        restored = await self.placement.restore()
+        settle = self.pods.synced.wait if self.pods is not None else None
+        restored = await self.placement.restore(settle=settle)
         log.info("restored %d reservation(s) from the API server", restored)
+
+    async def _ready_after_pods(self) -> None:
+        """Reserve nothing until the pod watcher's first list is in: what bound pods hold is
+        not free, even in the first moments after a start."""
+        assert self.pods is not None
+        await self.pods.synced.wait()
+        self.placement.ready.set()
 
     async def _mark_pod(self, *, leader: bool) -> None:
         opts = self.config.kube
@@ -408,6 +441,8 @@ class Aggregator:
             await asyncio.sleep(self.config.housekeeping_interval_s)
             expired = self.state.expire()
             flipped = self.state.check_stale()
+            if intranode.pending_refinements():  # in-node answers the budget cut short
+                await self.placement.off_loop(intranode.refine)
             if self.config.ghost_ttl_s > 0:
                 ghosts = self.state.forget_ghosts(
                     ttl_s=self.config.ghost_ttl_s,

@@ -49,7 +49,7 @@ from exporter.probes.runner import (
     WorkerGpuProbe,
 )
 from exporter.probes.tcp import TcpProbeServer
-from exporter.stream import ProbeTarget, ReportStream, report_channel
+from exporter.stream import REPORT_BACKOFF, ProbeTarget, ReportStream, report_channel
 from exporter.sysfs import Sysfs
 from gputopo import __version__
 from gputopo.gpu_use import GpuUse
@@ -88,7 +88,7 @@ class AgentConfig:
     discovery_interval_s: float = 60.0
     discovery_jitter: float = 0.1
     heartbeat_interval_s: float = 5.0
-    backoff: Backoff = field(default_factory=Backoff)
+    backoff: Backoff = REPORT_BACKOFF  # capped at a few seconds: see exporter.stream
     gpu_probes: bool = True
     peer_probes: bool = True
     # Mutual TLS to the aggregator and on /metrics (`gputopo.runtime.tls`); None is plain text.

@@ -29,6 +29,7 @@ import grpc
 
 from gputopo import __version__
 from gputopo.codec import (
+    clip_texts,
     delta_to_proto,
     gpu_use_to_proto,
     peer_probe_to_proto,
@@ -44,11 +45,16 @@ from gputopo.topology import Measurement, NodeTopology
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
-__all__ = ["ProbeTarget", "ReportStream", "StreamStats", "report_channel"]
+__all__ = ["REPORT_BACKOFF", "ProbeTarget", "ReportStream", "StreamStats", "report_channel"]
 
 log = logging.getLogger(__name__)
 
-_DEFAULT_BACKOFF = Backoff()
+# While no aggregator replica leads, the Service has no endpoint and every attempt fails; a
+# backoff that kept doubling to 30 s brought exporters back 36 s after a kill -9 although the
+# new leader served after 17. A 3 s cap keeps the fleet within a few seconds of a failover;
+# jittered over [cap/2, cap], each exporter still tries at most once every 1.5 s.
+REPORT_BACKOFF = Backoff(base_s=0.5, cap_s=3.0)
+_DEFAULT_BACKOFF = REPORT_BACKOFF
 
 
 def report_channel(
@@ -172,7 +178,7 @@ class ReportStream:
 
     def _message(self, **payload: object) -> rpb.ReportRequest:
         self._sequence += 1
-        return rpb.ReportRequest(
+        msg = rpb.ReportRequest(
             node_name=self.node_name,
             incarnation=self.incarnation,
             sequence=self._sequence,
@@ -181,6 +187,8 @@ class ReportStream:
             probe_address=self._probe_address,
             **payload,  # type: ignore[arg-type]
         )
+        clip_texts(msg)  # an overlong NVML reason is cut, not the whole report refused
+        return msg
 
     async def _stream_once(self) -> None:
         metadata = None

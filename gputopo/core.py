@@ -392,10 +392,13 @@ class PlacementCore:
 
     # --- restore and housekeeping --------------------------------------------------------
 
-    async def restore(self) -> int:
+    async def restore(self, *, settle: Callable[[], Awaitable[object]] | None = None) -> int:
         """Make the book what the store holds, then let reserving calls in; returns how many
         were restored. Retries until the store answers: answering before would hand out GPUs
-        already promised. Without a store there is nothing to restore."""
+        already promised. Without a store there is nothing to restore. Holds the store never
+        had (the inventory's `used` GPUs) are kept. `settle`, when given, is awaited before
+        the gate opens (the aggregator waits for the pod watcher's first list: what bound pods
+        hold is not free)."""
         if self.store is None:
             self.ready.set()
             return 0
@@ -411,9 +414,13 @@ class PlacementCore:
                 await asyncio.sleep(delay)
         keep = {r.id for r in stored}
         for old in self.book.reservations():
-            if old.id not in keep:  # released or expired while another replica led
-                self.book.release(old.id)
+            # The store speaks only for what Place made: releasing every id it did not return
+            # handed out the inventory's `used` GPUs (issue 25).
+            if old.id not in keep and not old.from_inventory:
+                self.book.release(old.id)  # released or expired while another replica led
         self.book.restore(stored)
+        if settle is not None:
+            await settle()
         self.ready.set()
         return len(stored)
 

@@ -48,6 +48,7 @@ from gputopo.topology import FabricPosition, NodeTopology
 __all__ = [
     "ACCELERATOR_DOMAIN_SUFFIX",
     "ACCELERATOR_SUB_DOMAIN_SUFFIX",
+    "MAX_FILE_BYTES",
     "MAX_NODES",
     "Inventory",
     "InventoryError",
@@ -73,6 +74,9 @@ MAX_NODES = 50_000
 
 _RANGE = re.compile(r"^(?P<prefix>[^\[\]]*)\[(?P<body>[^\[\]]+)\](?P<suffix>[^\[\]]*)$")
 _TRAILING_NUMBER = re.compile(r"^(?P<prefix>.*?)(?P<number>\d+)$")
+
+# An inventory of 100,000 nodes is a few MiB of YAML; requests are a few KiB.
+MAX_FILE_BYTES = 64 << 20
 
 
 class InventoryError(ValueError):
@@ -207,11 +211,15 @@ def load_inventory(path: str) -> Inventory:
     return parse_inventory(read_text(path), source=path)
 
 
-def read_text(path: str) -> str:
+def read_text(path: str, *, limit: int = MAX_FILE_BYTES) -> str:
     """A YAML file's text, or InventoryError saying in one line why it is not UTF-8 text (a binary
-    file, a UTF-16 export from an editor) instead of a UnicodeDecodeError traceback."""
+    file, a UTF-16 export from an editor) instead of a UnicodeDecodeError traceback. At most
+    `limit` bytes are read: `--request /dev/zero` or a FIFO that never ends is refused, not
+    read until memory runs out."""
     with open(path, "rb") as fh:
-        raw = fh.read()
+        raw = fh.read(limit + 1)
+    if len(raw) > limit:
+        raise InventoryError(path, f"is larger than {limit // (1 << 20)} MiB; not a YAML file")
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise InventoryError(path, "is UTF-16 text; save it as UTF-8")
     if b"\0" in raw:

@@ -14,6 +14,7 @@ KV-cache path from prefill to decode). Constraints say which scope must or shoul
 from __future__ import annotations
 
 import enum
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -206,8 +207,11 @@ def validate(request: PlacementRequest) -> None:
         for attr in ("replicas", "pods", "gpus_per_pod"):
             if getattr(g, attr) < 1:
                 raise RequestError(f"{path}.{attr}", "must be at least 1")
+        for attr in ("replicas", "pods", "gpus_per_pod"):
+            _check_fits(f"{path}.{attr}", getattr(g, attr), _UINT32)
         if g.message_bytes < 0:
             raise RequestError(f"{path}.message_bytes", "must not be negative")
+        _check_fits(f"{path}.message_bytes", g.message_bytes, _UINT64)
         _check_constraint(f"{path}.scope", g.scope)
         if g.allowed_nodes is not None:
             if not g.allowed_nodes:
@@ -224,6 +228,8 @@ def validate(request: PlacementRequest) -> None:
             "groups", f"asks for {request.total_gpus} GPUs, more than {MAX_GPUS_PER_REQUEST}"
         )
     _check_constraint("scope", request.scope)
+    if not _INT32[0] <= request.priority <= _INT32[1]:
+        raise RequestError("priority", f"must be within {_INT32[0]}..{_INT32[1]} (int32)")
     for i, e in enumerate(request.edges):
         path = f"edges[{i}]"
         for attr in ("source", "target"):
@@ -232,8 +238,13 @@ def validate(request: PlacementRequest) -> None:
                 raise RequestError(f"{path}.{attr}", f"no group named {name!r}")
         if e.source == e.target:
             raise RequestError(path, "an edge must join two different groups")
-        if e.min_gbps < 0 or e.max_transfer_seconds < 0:
-            raise RequestError(path, "bandwidth and time must not be negative")
+        for attr in ("min_gbps", "max_transfer_seconds"):
+            value = getattr(e, attr)
+            if not math.isfinite(value):
+                raise RequestError(f"{path}.{attr}", f"must be a finite number, not {value}")
+            if value < 0:
+                raise RequestError(f"{path}.{attr}", "must not be negative")
+        _check_fits(f"{path}.transfer_bytes", e.transfer_bytes, _UINT64)
         if (e.max_transfer_seconds > 0) != (e.transfer_bytes > 0):
             raise RequestError(
                 path, "max_transfer_seconds and transfer_bytes must be given together"
@@ -245,6 +256,20 @@ def validate(request: PlacementRequest) -> None:
                     f"{path}.pairing",
                     f"one_to_one needs equal replicas ({src.replicas} vs {dst.replicas})",
                 )
+
+
+# What the wire form (placement.proto) can carry: a number past its type is refused in every
+# form, so YAML, JSON, the CLI and gRPC agree, and arithmetic on it cannot overflow a float.
+_UINT32 = (0, 2**32 - 1)
+_UINT64 = (0, 2**64 - 1)
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def _check_fits(path: str, value: int, kind: tuple[int, int]) -> None:
+    if value > kind[1]:
+        raise RequestError(
+            path, f"a {value.bit_length()}-bit number is past its type (at most {kind[1]})"
+        )
 
 
 def _check_constraint(path: str, c: Constraint) -> None:
@@ -500,7 +525,13 @@ def _int(path: str, value: Any, *, minimum: int | None = None) -> int:
 def _float(path: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise RequestError(path, f"must be a number, not {value!r}")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise RequestError(path, "is past what a double can hold") from None
+    if not math.isfinite(number):
+        raise RequestError(path, f"must be a finite number, not {number}")
+    return number
 
 
 def _bool(path: str, value: Any) -> bool:

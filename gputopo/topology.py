@@ -317,11 +317,9 @@ class NodeTopology:
     def nic_links(self, gpu_index: int) -> list[Link]:
         """GPU-NIC links of one GPU, nearest first (then by NIC index)."""
         me = gpu(gpu_index)
-        found = [
-            lk
-            for lk in self.links
-            if me in (lk.a, lk.b) and DeviceKind.NIC in (lk.a.kind, lk.b.kind)
-        ]
+        # by the pair index, O(NICs): scanning every link for every GPU made a 128-GPU node's
+        # Place answer take seconds (128 GPUs x 16,000 links)
+        found = [lk for j in range(len(self.nics)) if (lk := self.link(me, nic(j))) is not None]
         return sorted(found, key=lambda lk: (lk.kind, lk.b.index if lk.a == me else lk.a.index))
 
     def nearest_nics(self, gpu_index: int) -> tuple[int, ...]:

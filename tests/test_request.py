@@ -136,7 +136,7 @@ def test_full_form() -> None:
                 "groups": [{"name": "a"}, {"name": "b"}],
                 "edges": [{"from": "a", "to": "b", "min_gbps": -1}],
             },
-            "edges[0]",
+            "edges[0].min_gbps",
             "negative",
             id="negative bandwidth",
         ),

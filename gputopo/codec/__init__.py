@@ -10,6 +10,7 @@ Everything public is re-exported here, so callers import from `gputopo.codec`.
 
 from gputopo.codec._base import CodecError, seconds, timestamp
 from gputopo.codec.cluster import cluster_to_proto, node_state_to_proto
+from gputopo.codec.limits import check_limits, clip_texts
 from gputopo.codec.placement import (
     request_from_proto,
     request_to_proto,
@@ -41,6 +42,8 @@ from gputopo.codec.topology import (
 
 __all__ = [
     "CodecError",
+    "check_limits",
+    "clip_texts",
     "cluster_to_proto",
     "delta_from_proto",
     "delta_to_proto",

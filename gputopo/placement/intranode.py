@@ -24,25 +24,43 @@ subsets, and rings of more than 8 GPUs use `ringbound` (polynomial) rather than 
 Answers depend only on the node's shape (`gputopo.cluster.NodeShape`), the mask of its free GPUs
 and the count, and are cached on exactly that, so thousands of identical nodes cost one search.
 The GPUs come back in ring order: consecutive ranks sit on the best links.
+
+One node's search can never hold up the others: it may look at `NODE_BUDGET` links in all (a
+work unit, counted the same on every machine and whether or not a cache answered), and past
+that it answers with the best subset weighed so far, `complete=False` and `ring_bound_gbps`, a
+ring no choice of those GPUs can beat; `refine` searches such questions again with more budget
+in the background, and later answers are the refined ones. What it spends is bounded on the
+worst nodes the report's limits allow (128 GPUs on uneven PCIe trees, with noisy measured
+links), because:
+
+- rings are compared by bucket on a matrix of buckets (`_bucketed`), where measurement noise
+  inside a bucket vanishes and a PCIe tree stays a tree, so the polynomial ring proves itself;
+- the ring of what stays free (term 4) is the free GPUs' ring with the subset skipped (O(n) per
+  subset, exact on trees, a real ring elsewhere), not a new search per subset.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from operator import itemgetter
 
 from gputopo import cost
 from gputopo.links import LinkKind
-from gputopo.placement.links import best_ring_of_matrix
+from gputopo.placement.links import EXACT_RING_GPUS, best_ring_of_matrix
+from gputopo.placement.ringbound import bounded_ring
 from gputopo.shape import NodeShape, node_shape
 from gputopo.topology import NodeTopology
 
 __all__ = [
     "ALTERNATIVE_RINGS",
     "MAX_SUBSETS",
+    "NODE_BUDGET",
+    "REFINE_FACTOR",
     "NodeChoice",
     "candidate_subsets",
     "ceilings",
@@ -52,7 +70,10 @@ __all__ = [
     "figures_of",
     "mask_of",
     "network_front",
+    "pending_refinements",
+    "refine",
     "ring_alternatives",
+    "search_work",
     "twin_classes",
 ]
 
@@ -63,6 +84,18 @@ __all__ = [
 MAX_SUBSETS = 512
 # How many slower ring buckets `ring_alternatives` offers a subset from.
 ALTERNATIVE_RINGS = 2
+# Links one node's search may look at per question (`choose`, `ceilings`). The worst shapes the
+# limits allow need under half of it (tests/placement/test_intranode_worst.py counts them);
+# spent, it costs well under a second of pure Python, so one 128-GPU node cannot hold up a Place.
+NODE_BUDGET = 1_000_000
+# A question cut short is searched again in the background (`refine`) with this many times the
+# budget, and the refined answer replaces it; at most `_MAX_KEPT` questions wait or are kept.
+REFINE_FACTOR = 8
+_MAX_KEPT = 1024
+_Key = tuple[NodeShape, int, int, bool, bool]
+_pending: OrderedDict[_Key, None] = OrderedDict()
+_refined: dict[_Key, NodeChoice] = {}
+_lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +105,8 @@ class NodeChoice:
     `gpus` are in ring (rank) order. `nic_gbps[i]` is the network bandwidth `gpus[i]` gets when
     the replica leaves the node (its nearest NIC's rate shared by the replica's GPUs on that
     NIC), `nic_names[i]` that NIC ("" when none). `ring_gbps` is infinite for one GPU.
+    `complete` is False when the node's budget ran out before every candidate was weighed;
+    `ring_bound_gbps` is then a ring no `len(gpus)` of the free GPUs can beat.
     """
 
     gpus: tuple[int, ...]
@@ -80,6 +115,8 @@ class NodeChoice:
     nic_gbps: tuple[float, ...]
     nic_names: tuple[str, ...]
     nvlink_gbps: float
+    complete: bool = True
+    ring_bound_gbps: float = math.inf
 
     @property
     def min_nic_gbps(self) -> float:
@@ -108,12 +145,18 @@ def _bits(mask: int) -> tuple[int, ...]:
 
 def clear_caches() -> None:
     """Forget every cached answer (benchmarks time the search cold with this)."""
+    with _lock:
+        _pending.clear()
+        _refined.clear()
     _choose.cache_clear()
     _front.cache_clear()
     _figures.cache_clear()
     _ring_alternatives.cache_clear()
     _score.cache_clear()
-    _ring_bucket.cache_clear()
+    _small_ring_bucket.cache_clear()
+    _whole_ring.cache_clear()
+    _bucketed.cache_clear()
+    _small_ring.cache_clear()
     ceilings.cache_clear()
     twin_classes.cache_clear()
 
@@ -141,26 +184,131 @@ def choose(
         return NodeChoice((), math.inf, LinkKind.NVLINK, (), (), math.inf)
     if free_mask.bit_count() < count:
         return None
-    return _choose(shape, free_mask, count, leaves_node, island)
+    key = (shape, free_mask, count, leaves_node, island)
+    refined = _refined.get(key)
+    if refined is not None:
+        return refined
+    return _choose(*key)[0]
+
+
+def refine(*, limit: int = 16) -> int:
+    """Search again, with `REFINE_FACTOR` times the budget, up to `limit` questions whose answer
+    the budget cut short; later `choose` calls get the refined answer. Returns how many were
+    refined. The aggregator calls this off the event loop when it is idle (housekeeping), so a
+    cut-short answer is served at once and improved in the background."""
+    done = 0
+    while done < limit:
+        with _lock:
+            if not _pending:
+                break
+            key, _ = _pending.popitem(last=False)
+        found, _ = _search(*key, budget=NODE_BUDGET * REFINE_FACTOR)
+        if found is not None:
+            with _lock:
+                if len(_refined) >= _MAX_KEPT:
+                    _refined.pop(next(iter(_refined)))
+                _refined[key] = found
+        done += 1
+    return done
+
+
+def pending_refinements() -> int:
+    """Questions whose answer was cut short and awaits `refine`."""
+    return len(_pending)
+
+
+def search_work(
+    shape: NodeShape,
+    free_mask: int,
+    count: int,
+    *,
+    leaves_node: bool = False,
+    island: bool = False,
+) -> int:
+    """The links `choose` looks at for this question (at most about `NODE_BUDGET`): the
+    machine-independent measure of its cost that tests bound."""
+    if count <= 0 or free_mask.bit_count() < count:
+        return 0
+    return _choose(shape, free_mask, count, leaves_node, island)[1]
+
+
+class _Work:
+    """Links one node's search may still look at; `short` once it had to stop early."""
+
+    __slots__ = ("budget", "left", "short")
+
+    def __init__(self, budget: int | None = None) -> None:
+        self.left = NODE_BUDGET if budget is None else budget
+        self.budget = self.left
+        self.short = False
+
+    def spend(self, units: int) -> bool:
+        """Charge `units`; False (and `short`) when there was nothing left to spend."""
+        if self.left <= 0:
+            self.short = True
+            return False
+        self.left -= units
+        return True
 
 
 @lru_cache(maxsize=1 << 16)
 def _choose(
     shape: NodeShape, free_mask: int, count: int, leaves_node: bool, island: bool
-) -> NodeChoice | None:
+) -> tuple[NodeChoice | None, int]:
+    found, spent = _search(shape, free_mask, count, leaves_node, island, budget=NODE_BUDGET)
+    if found is not None and not found.complete:
+        with _lock:  # searches run in a thread pool
+            if len(_pending) >= _MAX_KEPT:
+                _pending.popitem(last=False)
+            _pending[(shape, free_mask, count, leaves_node, island)] = None
+    return found, spent
+
+
+def _search(
+    shape: NodeShape,
+    free_mask: int,
+    count: int,
+    leaves_node: bool,
+    island: bool,
+    *,
+    budget: int,
+) -> tuple[NodeChoice | None, int]:
     free = _bits(free_mask)
     pools = _pools(shape, free, count) if island else [free]
     if not pools:
-        return None
-    scored = [
-        (_score(shape, subset, leaves_node), subset)
-        for pool in pools
-        for subset in _candidates(shape, pool, count)
-    ]
+        return None, 0
+    work = _start_work(shape, budget)
+    scored: list[tuple[tuple[int, float, int], tuple[int, ...]]] = []
+    for pool in pools:
+        for subset in _candidates(shape, pool, count):
+            key, units = _score(shape, subset, leaves_node)
+            if not work.spend(units) and scored:
+                break
+            scored.append((key, subset))
     top = min(k for k, _ in scored)
     ties = [s for k, s in scored if k == top]
-    best = min(ties, key=lambda subset: (_rest_bucket(shape, free, subset), subset))
-    return figures_of(shape, best)
+    if len(ties) > 1:
+        rest = _rest_buckets(shape, free, ties, work)
+        best = min(ties, key=lambda subset: (rest.get(subset, 10**9), subset))
+    else:
+        best = ties[0]
+    found = figures_of(shape, best)
+    spent = work.budget - work.left
+    if not work.short:
+        return found, spent
+    return replace(found, complete=False, ring_bound_gbps=_ring_cap(shape, free, count)), spent
+
+
+def _ring_cap(shape: NodeShape, free: tuple[int, ...], count: int) -> float:
+    """A ring no `count` of the free GPUs beats: every GPU of a ring has two ring neighbours,
+    so the bottleneck is at most the best second-best link any free GPU has (O(n^2))."""
+    if count <= 1:
+        return math.inf
+    cap = 0.0
+    for g in free:
+        links = sorted((shape.bw[g][h] for h in free if h != g), reverse=True)
+        cap = max(cap, links[0] if count == 2 else links[1])
+    return cap
 
 
 def _pools(shape: NodeShape, free: tuple[int, ...], count: int) -> list[tuple[int, ...]]:
@@ -190,7 +338,7 @@ def network_front(shape: NodeShape, free_mask: int, count: int) -> tuple[NodeCho
 @lru_cache(maxsize=1 << 14)
 def _front(shape: NodeShape, free_mask: int, count: int, above: float) -> tuple[NodeChoice, ...]:
     scored = sorted(
-        (_score(shape, subset, True), subset)
+        (_score(shape, subset, True)[0], subset)
         for subset in _candidates(shape, _bits(free_mask), count)
     )
     out = []
@@ -222,19 +370,23 @@ def _ring_alternatives(
         return ()
     free = _bits(free_mask)
     pools = _pools(shape, free, count) if island else [free]
+    work = _start_work(shape)
     by_bucket: dict[int, list[tuple[tuple[int, float, int], tuple[int, ...]]]] = {}
     for pool in pools:
         for subset in _candidates(shape, pool, count):
-            k = _score(shape, subset, False)
+            k, units = _score(shape, subset, False)
+            if not work.spend(units):
+                break
             by_bucket.setdefault(k[0], []).append((k, subset))
-    floor = _rest_bucket(shape, free, first.gpus)
+    floor = _rest_buckets(shape, free, [tuple(sorted(first.gpus))], work).get(
+        tuple(sorted(first.gpus)), 10**9
+    )
     out: list[NodeChoice] = []
     for bucket in sorted(by_bucket)[1 : 1 + ALTERNATIVE_RINGS]:
-        ranked = sorted(
-            by_bucket[bucket], key=lambda ks: (ks[0], _rest_bucket(shape, free, ks[1]), ks[1])
-        )
+        rest = _rest_buckets(shape, free, [s for _, s in by_bucket[bucket]], work)
+        ranked = sorted(by_bucket[bucket], key=lambda ks: (ks[0], rest.get(ks[1], 10**9), ks[1]))
         k, subset = ranked[0]
-        if _rest_bucket(shape, free, subset) < floor:
+        if rest.get(subset, 10**9) < floor:
             out.append(figures_of(shape, subset))
     return tuple(out)
 
@@ -247,10 +399,36 @@ def ceilings(shape: NodeShape, free_mask: int, count: int) -> tuple[float, float
     if count <= 0 or free_mask.bit_count() < count:
         return 0.0, 0.0
     ring = share = 0.0
+    work = _start_work(shape)
     for subset in _candidates(shape, _bits(free_mask), count):
-        ring = max(ring, _ring_gbps(shape, subset))
+        ring = max(ring, _ring_ceiling(shape, subset, work))
         share = max(share, min(_nic_shares(shape, subset)[0], default=0.0))
     return ring, share
+
+
+def _ring_ceiling(shape: NodeShape, subset: tuple[int, ...], work: _Work) -> float:
+    """The ring through `subset` as `_ring_bucket` finds it, on the real matrix; once the budget
+    is spent, a small subset's proven bound stands in for its ring (never lower)."""
+    k = len(subset)
+    if k <= 1:
+        return math.inf
+    if k > EXACT_RING_GPUS:
+        work.spend(len(shape.bw))
+        return _skipped(shape.bw, _whole_ring(shape, bucketed=False)[0], subset)
+    if work.left > 0:
+        gbps, units = _small_ring(shape, subset)
+        work.spend(units)
+        return gbps
+    return bounded_ring(_submatrix(shape.bw, subset)).high
+
+
+@lru_cache(maxsize=1 << 16)
+def _small_ring(shape: NodeShape, subset: tuple[int, ...]) -> tuple[float, int]:
+    sub = _submatrix(shape.bw, subset)
+    found = bounded_ring(sub)
+    if found.proven:
+        return found.gbps, found.work
+    return best_ring_of_matrix(sub)[1], found.work + _dp_units(len(subset))
 
 
 def candidate_subsets(shape: NodeShape, pool: tuple[int, ...], count: int) -> list[tuple[int, ...]]:
@@ -335,23 +513,116 @@ def _representatives(classes: Sequence[tuple[int, ...]], count: int) -> list[lis
 
 
 @lru_cache(maxsize=1 << 16)
-def _score(shape: NodeShape, subset: tuple[int, ...], leaves_node: bool) -> tuple[int, float, int]:
-    """Terms 1-3 of the module docstring's order (4 and 5 in `_rest_bucket` and the caller)."""
-    ring = _ring_gbps(shape, subset)
+def _score(
+    shape: NodeShape, subset: tuple[int, ...], leaves_node: bool
+) -> tuple[tuple[int, float, int], int]:
+    """Terms 1-3 of the module docstring's order (4 and 5 in `_rest_buckets` and the caller),
+    and the links looked at to get them (charged on every call, cached or not, so that where a
+    budget stops does not depend on what ran before)."""
+    ring, units = _ring_bucket(shape, subset)
     network = 0.0
     if leaves_node:
         network = -min(_nic_shares(shape, subset)[0], default=0.0)
     numa_nodes = len({shape.numa[g] for g in subset})
-    return (_bucket(ring), network, numa_nodes)
+    return (ring, network, numa_nodes), units + len(subset)
 
 
-def _rest_bucket(shape: NodeShape, free: tuple[int, ...], subset: tuple[int, ...]) -> int:
-    return _ring_bucket(shape, tuple(g for g in free if g not in subset))
+def _rest_buckets(
+    shape: NodeShape, free: tuple[int, ...], subsets: Sequence[tuple[int, ...]], work: _Work
+) -> dict[tuple[int, ...], int]:
+    """Term 4 for each subset the budget reaches: the ring bucket of the free GPUs it leaves."""
+    out: dict[tuple[int, ...], int] = {}
+    for subset in subsets:
+        taken = set(subset)
+        bucket, units = _ring_bucket(shape, tuple(g for g in free if g not in taken))
+        if not work.spend(units):
+            break
+        out[subset] = bucket
+    return out
+
+
+def _ring_bucket(shape: NodeShape, gpus: tuple[int, ...]) -> tuple[int, int]:
+    """The bucket of the best ring through `gpus`, and the links looked at to find it.
+
+    The bottleneck ring on the matrix of buckets is the bucket of the bottleneck ring (a bucket
+    only falls as bandwidth rises), so this is exact wherever the ring search is. Up to
+    `EXACT_RING_GPUS` GPUs it is exact. Past that, it is the ring through the node's whole ring
+    (`_whole_ring`) with the other GPUs skipped, O(n): on a PCIe tree every group of GPUs joined
+    at one bandwidth is one run of that ring and stays one when GPUs are left out, so this is
+    the best ring; elsewhere it is a real ring, never an overestimate."""
+    k = len(gpus)
+    if k <= 1:
+        return _bucket(math.inf), 1
+    if k > EXACT_RING_GPUS:
+        return int(-_skipped(_bucketed(shape), _whole_ring(shape, bucketed=True)[0], gpus)), len(
+            shape.bw
+        )
+    return _small_ring_bucket(shape, gpus)
 
 
 @lru_cache(maxsize=1 << 16)
-def _ring_bucket(shape: NodeShape, gpus: tuple[int, ...]) -> int:
-    return _bucket(_ring_gbps(shape, gpus) if len(gpus) > 1 else math.inf)
+def _small_ring_bucket(shape: NodeShape, gpus: tuple[int, ...]) -> tuple[int, int]:
+    sub = _submatrix(_bucketed(shape), gpus)
+    found = bounded_ring(sub)
+    if found.proven:
+        return int(-found.gbps), found.work
+    return int(-best_ring_of_matrix(sub)[1]), found.work + _dp_units(len(gpus))
+
+
+def _skipped(
+    matrix: tuple[tuple[float, ...], ...], order: tuple[int, ...], gpus: Sequence[int]
+) -> float:
+    """The bottleneck of the ring through `gpus` in the order they take in `order`."""
+    inside = set(gpus)
+    ring = [g for g in order if g in inside]
+    return min(matrix[a][b] for a, b in zip(ring, ring[1:] + ring[:1], strict=True))
+
+
+@lru_cache(maxsize=256)
+def _whole_ring(shape: NodeShape, *, bucketed: bool) -> tuple[tuple[int, ...], int]:
+    """A ring through every GPU of the node (on the bucket matrix or the real one), and the
+    links looked at to find it: charged once to each search that may skip through it."""
+    found = bounded_ring(_bucketed(shape) if bucketed else shape.bw)
+    return found.order, found.work
+
+
+def _start_work(shape: NodeShape, budget: int | None = None) -> _Work:
+    """A node's budget for one question, less the whole rings a big node's search uses."""
+    work = _Work(budget)
+    if shape.gpu_count > EXACT_RING_GPUS:
+        work.spend(_whole_ring(shape, bucketed=True)[1] + _whole_ring(shape, bucketed=False)[1])
+    return work
+
+
+def _dp_units(k: int) -> int:
+    """What the subset DP of `best_ring_of_matrix` looks at for k GPUs (a binary search over at
+    most k(k-1)/2 thresholds, 2^k k^2 links each)."""
+    return (1 << k) * k * k * max(1, (k * (k - 1) // 2).bit_length())
+
+
+def _submatrix(
+    matrix: tuple[tuple[float, ...], ...], gpus: Sequence[int]
+) -> tuple[tuple[float, ...], ...]:
+    if len(gpus) == 1:
+        return ((matrix[gpus[0]][gpus[0]],),)
+    row = itemgetter(*gpus)
+    return tuple([row(matrix[a]) for a in gpus])
+
+
+@lru_cache(maxsize=256)
+def _bucketed(shape: NodeShape) -> tuple[tuple[float, ...], ...]:
+    """The bandwidth matrix with each link replaced by minus its bucket (higher is better)."""
+    memo: dict[float, float] = {}
+    rows = []
+    for row in shape.bw:
+        out = []
+        for gbps in row:
+            value = memo.get(gbps)
+            if value is None:
+                value = memo[gbps] = float(-_bucket(gbps))
+            out.append(value)
+        rows.append(tuple(out))
+    return tuple(rows)
 
 
 def _bucket(gbps: float) -> int:
@@ -359,14 +630,6 @@ def _bucket(gbps: float) -> int:
     if math.isinf(gbps):
         return cost.time_bucket(0.0)
     return cost.time_bucket(1.0 / gbps) if gbps > 0 else 10**9
-
-
-def _ring_gbps(shape: NodeShape, subset: Sequence[int]) -> float:
-    if len(subset) <= 1:
-        return math.inf
-    row = itemgetter(*subset)
-    bw = shape.bw
-    return best_ring_of_matrix(tuple([row(bw[a]) for a in subset]))[1]
 
 
 def _ring_order(shape: NodeShape, subset: Sequence[int]) -> tuple[tuple[int, ...], float]:

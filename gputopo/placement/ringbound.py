@@ -18,8 +18,8 @@ tree and near-optimally elsewhere:
    PXB < NODE < SYS by the common ancestor), an NVSwitch (all equal), and NVLink-bridged pairs
    under a PCIe tree: each group joined at bandwidth t is then a clique of links >= t.
 4. Otherwise, thresholds between `low` and `high` are tried from the top with a depth-first
-   search for a Hamiltonian cycle that stops after `STEP_BUDGET` steps (at most
-   `MAX_THRESHOLDS` thresholds); the first cycle found
+   search for a Hamiltonian cycle (at most `MAX_THRESHOLDS` thresholds) that stops once it has
+   looked at `WORK_BUDGET` links in all, whatever the number of GPUs; the first cycle found
    wins, else the order of step 1. The answer is then a lower bound on the best ring (never an
    overestimate of the bandwidth), at most `high / low` away from it.
 """
@@ -29,11 +29,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-__all__ = ["MAX_THRESHOLDS", "STEP_BUDGET", "RingBound", "bounded_ring"]
+__all__ = ["MAX_THRESHOLDS", "WORK_BUDGET", "RingBound", "bounded_ring"]
 
-# Depth-first steps allowed per threshold, and thresholds tried, when the matrix is not a tree
-# (step 4): each step costs O(n^2), so this caps step 4 near a few milliseconds at 32 GPUs.
-STEP_BUDGET = 400
+# Links the depth-first search of step 4 may look at per ring, over all thresholds tried: a
+# step used to cost O(n^2) and its budget counted steps, so a 128-GPU ring that was not a tree
+# took seconds. Counting links caps step 4 near 10 ms however many GPUs the ring has.
+WORK_BUDGET = 20_000
 MAX_THRESHOLDS = 4
 
 Matrix = Sequence[Sequence[float]]
@@ -45,6 +46,7 @@ class RingBound(NamedTuple):
     order: tuple[int, ...]  # GPU positions in ring order
     gbps: float  # bottleneck of the ring through `order`
     high: float  # no ring through these GPUs has a bottleneck above this
+    work: int = 0  # links looked at to find it (what callers charge to their budgets)
 
     @property
     def proven(self) -> bool:
@@ -81,62 +83,94 @@ def _linkage_order(matrix: Matrix) -> tuple[tuple[int, ...], float]:
     return tuple(order), joined_at
 
 
-def _hamiltonian(matrix: Matrix, threshold: float, budget: int) -> tuple[int, ...] | None:
-    """A Hamiltonian cycle on links >= threshold, by depth-first search with a step budget
-    (fewest onward links first); None when none was found within the budget."""
+class _Budget:
+    """Links the search may still look at (shared by the thresholds of one ring)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+
+def _hamiltonian(matrix: Matrix, threshold: float, budget: _Budget) -> tuple[int, ...] | None:
+    """A Hamiltonian cycle on links >= threshold, by depth-first search (fewest onward links
+    first); None when none was found before the budget ran out. Each GPU's count of unvisited
+    neighbours is kept up to date, so a step costs the links of the GPU it enters."""
     n = len(matrix)
     near = [[w for w in range(n) if w != v and matrix[v][w] >= threshold] for v in range(n)]
-    if any(len(ws) < 2 for ws in near):
+    budget.left -= n * n
+    if budget.left < 0 or any(len(ws) < 2 for ws in near):
         return None
+    onward_count = [len(ws) for ws in near]
     path = [0]
-    seen = {0}
-    steps = 0
+    seen = [False] * n
+
+    def enter(v: int) -> None:
+        seen[v] = True
+        for x in near[v]:
+            onward_count[x] -= 1
+        budget.left -= len(near[v])
+
+    def leave(v: int) -> None:
+        seen[v] = False
+        for x in near[v]:
+            onward_count[x] += 1
 
     def walk() -> bool:
-        nonlocal steps
-        steps += 1
-        if steps > budget:
+        if budget.left < 0:
             return False
         v = path[-1]
         if len(path) == n:
             return matrix[v][0] >= threshold
-        onward = sorted(
-            (w for w in near[v] if w not in seen),
-            key=lambda w: (sum(1 for x in near[w] if x not in seen), w),
-        )
-        for w in onward:
+        onward = sorted((onward_count[w], w) for w in near[v] if not seen[w])
+        for _, w in onward:
             path.append(w)
-            seen.add(w)
+            enter(w)
             if walk():
                 return True
             path.pop()
-            seen.discard(w)
+            leave(w)
         return False
 
+    enter(0)
     return tuple(path) if walk() else None
 
 
-def bounded_ring(matrix: Matrix) -> RingBound:
-    """The best ring found through all GPUs of `matrix` (see the module docstring)."""
+def bounded_ring(matrix: Matrix, *, budget: int = WORK_BUDGET) -> RingBound:
+    """The best ring found through all GPUs of `matrix` (see the module docstring), step 4
+    looking at no more than `budget` links."""
     n = len(matrix)
     if n <= 1:
-        return RingBound(tuple(range(n)), float("inf"), float("inf"))
+        return RingBound(tuple(range(n)), float("inf"), float("inf"), 1)
     if n == 2:
-        return RingBound((0, 1), matrix[0][1], matrix[0][1])
+        return RingBound((0, 1), matrix[0][1], matrix[0][1], 1)
     order, joined_at = _linkage_order(matrix)
     low = _ring_gbps(matrix, order)
-    second = min(
-        sorted((matrix[v][w] for w in range(n) if w != v), reverse=True)[1] for v in range(n)
-    )
+    second = min(_second_best(matrix[v], v) for v in range(n))
     high = min(joined_at, second)
+    base = 3 * n * n  # the linkage order, the second-best links, the thresholds
     if low >= high:
-        return RingBound(order, low, high)
+        return RingBound(order, low, high, base)
     values = sorted(
         {matrix[i][j] for i in range(n) for j in range(n) if i != j and low < matrix[i][j] <= high},
         reverse=True,
     )
+    left = _Budget(budget)
     for threshold in values[:MAX_THRESHOLDS]:
-        cycle = _hamiltonian(matrix, threshold, STEP_BUDGET)
+        cycle = _hamiltonian(matrix, threshold, left)
         if cycle is not None:
-            return RingBound(cycle, _ring_gbps(matrix, cycle), high)
-    return RingBound(order, low, high)
+            return RingBound(cycle, _ring_gbps(matrix, cycle), high, base + budget - left.left)
+    return RingBound(order, low, high, base + budget - max(left.left, 0))
+
+
+def _second_best(row: Sequence[float], skip: int) -> float:
+    """The second-highest entry of a row, leaving out position `skip` (O(n), no sort)."""
+    first = second = float("-inf")
+    for i, x in enumerate(row):
+        if i == skip:
+            continue
+        if x > first:
+            first, second = x, first
+        elif x > second:
+            second = x
+    return second

@@ -66,10 +66,16 @@ def channel(
     return grpc.aio.insecure_channel(target, options=[*opts, *options])
 
 
-def server(*, options: Sequence[_Option] = ()) -> grpc.aio.Server:
-    """A server with the limits above; add servicers, then `bind` it and start it."""
+def server(
+    *,
+    options: Sequence[_Option] = (),
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+) -> grpc.aio.Server:
+    """A server with the limits above; add servicers, then `bind` it and start it.
+    `interceptors` run inside the one that refuses undecodable requests."""
     return grpc.aio.server(
-        interceptors=[UndecodableRequests()],  # bad request bytes: INVALID_ARGUMENT, no traceback
+        # bad request bytes: INVALID_ARGUMENT, no traceback
+        interceptors=[UndecodableRequests(), *interceptors],
         options=[
             ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
             ("grpc.keepalive_permit_without_calls", 1),

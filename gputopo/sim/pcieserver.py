@@ -12,11 +12,17 @@ a lone leaf). Bandwidths are the nominal figures of `gputopo.nominal` for those 
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
+
 from gputopo.links import LinkKind
 from gputopo.nominal import with_nominal_bandwidth
 from gputopo.topology import FabricPosition, Gpu, Link, Nic, NicKind, NodeTopology, gpu, nic
 
-__all__ = ["pcie_server", "switch_groups"]
+__all__ = ["MAX_TREE_GPUS", "pcie_server", "pcie_tree", "switch_groups", "uneven_tree"]
+
+# The report bounds allow 128 GPUs per node (`gputopo.codec` limits).
+MAX_TREE_GPUS = 128
 
 NIC_MBPS = 200_000
 
@@ -45,14 +51,68 @@ def pcie_server(name: str, *, gpus: int = 16, tiers: tuple[str, ...] = ()) -> No
     """A PCIe server of `gpus` GPUs (even, 4 to 32) with the tree of the module docstring."""
     if gpus % 2 or not 4 <= gpus <= 32:
         raise ValueError(f"gpus must be even and within 4..32, got {gpus}")
-    per_socket = gpus // 2
-    mids = switch_groups(gpus)
-    mid_of = {g: (s, i) for s, sock in enumerate(mids) for i, m in enumerate(sock) for g in m}
+    leaves: list[list[list[int]]] = []
+    for sock in switch_groups(gpus):
+        leaves.append([[len(m[i : i + 2]) for i in range(0, len(m), 2)] for m in sock])
+    return pcie_tree(name, sockets=leaves, tiers=tiers)
+
+
+def uneven_tree(gpus: int, *, seed: int, sockets: int = 2) -> list[list[list[int]]]:
+    """A deterministic uneven PCIe tree of `gpus` GPUs for `pcie_tree`: per socket, mid-level
+    switches of one to four leaf switches, each leaf holding one to four GPUs (the worst shapes
+    the report bounds allow are 128 GPUs on such trees, not the tidy ones real vendors build)."""
+    rng = random.Random(seed)
+    sizes = [gpus // sockets + (1 if s < gpus % sockets else 0) for s in range(sockets)]
+    tree: list[list[list[int]]] = []
+    for size in sizes:
+        mids: list[list[int]] = []
+        left = size
+        while left:
+            mid: list[int] = []
+            for _ in range(rng.randint(1, 4)):
+                if not left:
+                    break
+                take = min(left, rng.randint(1, 4))
+                mid.append(take)
+                left -= take
+            mids.append(mid)
+        tree.append(mids)
+    return tree
+
+
+def pcie_tree(
+    name: str,
+    *,
+    sockets: Sequence[Sequence[Sequence[int]]],
+    tiers: tuple[str, ...] = (),
+    nvlink_rings: Sequence[Sequence[int]] = (),
+) -> NodeTopology:
+    """A PCIe server from its tree: `sockets[s][m][l]` is how many GPUs hang under leaf switch
+    `l` of mid-level switch `m` of socket `s` (`PIX` inside a leaf, `PXB` inside a mid switch,
+    `NODE` inside a socket, `SYS` across). Each mid switch carries one RoCE NIC, `PIX` from the
+    GPUs of a mid switch with a single leaf, else `PXB`. GPUs are numbered in tree order.
+
+    Each group of `nvlink_rings` is an NVLink island whose GPUs are bridged in a ring (a pair by
+    one bridge): islands of mixed sizes whose links are no tree, the hard case of a ring search.
+    """
+    bridged: set[tuple[int, int]] = set()
+    for ring in nvlink_rings:
+        for a, b in zip(ring, (*ring[1:], ring[0]), strict=True):
+            if a != b:
+                bridged.add((min(a, b), max(a, b)))
+    where: list[tuple[int, int, int]] = []  # (socket, mid, leaf) per GPU
+    for s, sock in enumerate(sockets):
+        for m, mid in enumerate(sock):
+            for leaf, count in enumerate(mid):
+                where.extend([(s, m, leaf)] * count)
+    gpus = len(where)
+    if not 1 <= gpus <= MAX_TREE_GPUS:
+        raise ValueError(f"a PCIe tree holds 1..{MAX_TREE_GPUS} GPUs, got {gpus}")
     gpu_list = tuple(
         Gpu(
             index=i,
             uuid=f"GPU-{name}-{i}",
-            numa_node=i // per_socket,
+            numa_node=where[i][0],
             pcie_generation=4,
             pcie_width=16,
         )
@@ -61,18 +121,17 @@ def pcie_server(name: str, *, gpus: int = 16, tiers: tuple[str, ...] = ()) -> No
     links: list[Link] = []
     for a in range(gpus):
         for b in range(a + 1, gpus):
-            if a // 2 == b // 2:
-                kind = LinkKind.PIX
-            elif mid_of[a] == mid_of[b]:
-                kind = LinkKind.PXB
-            elif a // per_socket == b // per_socket:
-                kind = LinkKind.NODE
+            if (a, b) in bridged:
+                links.append(
+                    Link(gpu(a), gpu(b), LinkKind.NVLINK, lanes=4, max_lanes=4, generation=4)
+                )
             else:
-                kind = LinkKind.SYS
-            links.append(Link(gpu(a), gpu(b), kind))
+                links.append(Link(gpu(a), gpu(b), _kind(where[a], where[b])))
     nic_list: list[Nic] = []
-    for s, sock in enumerate(mids):
-        for m in sock:
+    for s, sock in enumerate(sockets):
+        for m, mid in enumerate(sock):
+            if not sum(mid):
+                continue
             index = len(nic_list)
             nic_list.append(
                 Nic(
@@ -83,11 +142,12 @@ def pcie_server(name: str, *, gpus: int = 16, tiers: tuple[str, ...] = ()) -> No
                     numa_node=s,
                 )
             )
-            near = LinkKind.PIX if len(m) <= 2 else LinkKind.PXB
+            near = LinkKind.PIX if len(mid) == 1 else LinkKind.PXB
             for g in range(gpus):
-                if g in m:
+                gs, gm, _ = where[g]
+                if (gs, gm) == (s, m):
                     kind = near
-                elif g // per_socket == s:
+                elif gs == s:
                     kind = LinkKind.NODE
                 else:
                     kind = LinkKind.SYS
@@ -101,3 +161,11 @@ def pcie_server(name: str, *, gpus: int = 16, tiers: tuple[str, ...] = ()) -> No
             fabric=FabricPosition(tiers=tiers),
         )
     )
+
+
+def _kind(a: tuple[int, int, int], b: tuple[int, int, int]) -> LinkKind:
+    if a[0] != b[0]:
+        return LinkKind.SYS
+    if a[1] != b[1]:
+        return LinkKind.NODE
+    return LinkKind.PIX if a[2] == b[2] else LinkKind.PXB

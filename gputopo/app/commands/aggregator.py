@@ -35,6 +35,15 @@ def label_scheme(args: argparse.Namespace) -> LabelScheme:
     return LabelScheme(profile=args.label_profile, prefix=args.label_prefix)
 
 
+# The shipped Lease timing: client-go's 15/10/2 s made a follower lead 17 s after the leader
+# died. 5 s is what a follower waits, the leader gives up after 3 s without a renewal (so it
+# stops writing well before another may start), and both try every second: a Lease write per
+# second per replica, which the API server does not notice.
+LEASE_DURATION_S = 5.0
+RENEW_DEADLINE_S = 3.0
+RETRY_PERIOD_S = 1.0
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of the command."""
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
@@ -93,6 +102,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="with TLS: a client certificate name the scheduler extender answers (repeatable;"
         " default system:kube-scheduler); every other caller gets 403",
+    )
+    parser.add_argument(
+        "--exporter-client",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="with TLS: the exporters' client certificate name; it may Report and nothing else"
+        " (repeatable; default gputopo-exporter; system:node:NAME certificates likewise)",
+    )
+    parser.add_argument(
+        "--placement-client",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="with TLS: a certificate name that may Place, Commit, Release and Explain its own"
+        " reservations (repeatable; default: any certificate but a node agent's)",
+    )
+    parser.add_argument(
+        "--operator",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="with TLS: a certificate name that may call everything and Explain any reservation",
     )
     parser.add_argument(
         "--ghost-ttl",
@@ -183,6 +215,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--lease-name", default="gputopo-aggregator", help="Lease name (default %(default)s)"
     )
     kube.add_argument(
+        "--lease-duration",
+        type=float,
+        default=LEASE_DURATION_S,
+        metavar="S",
+        help="seconds a follower waits on an unrenewed Lease before taking it (default"
+        " %(default)s: a Place succeeds within about 10 s of the leader's kill -9)",
+    )
+    kube.add_argument(
+        "--renew-deadline",
+        type=float,
+        default=RENEW_DEADLINE_S,
+        metavar="S",
+        help="seconds the leader keeps leading without a successful renewal (default %(default)s)",
+    )
+    kube.add_argument(
+        "--retry-period",
+        type=float,
+        default=RETRY_PERIOD_S,
+        metavar="S",
+        help="seconds between attempts to take or renew the Lease (default %(default)s)",
+    )
+    kube.add_argument(
         "--lease-namespace",
         default="",
         help="Lease namespace (default: $POD_NAMESPACE, else default)",
@@ -230,6 +284,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     from aggregator.publisher import PublisherConfig
+    from aggregator.roles import DEFAULT_EXPORTER_CLIENTS
     from aggregator.server import (
         DEFAULT_EXTENDER_CLIENTS,
         Aggregator,
@@ -241,6 +296,13 @@ def run(args: argparse.Namespace) -> int:
     from gputopo.runtime.leader import LeaseConfig
     from gputopo.runtime.supervisor import RootTaskDiedError
 
+    if args.leader_elect and not 0 < args.retry_period < args.renew_deadline < args.lease_duration:
+        print(
+            "gputopo aggregator: --retry-period, --renew-deadline, --lease-duration: need"
+            f" 0 < {args.retry_period:g} < {args.renew_deadline:g} < {args.lease_duration:g}",
+            file=sys.stderr,
+        )
+        return 2
     pod_namespace = os.environ.get("POD_NAMESPACE", "")
     pod_name = os.environ.get("POD_NAME", "")
     kinds = tuple(k for k in args.scheduler_objects.split(",") if k)
@@ -254,7 +316,11 @@ def run(args: argparse.Namespace) -> int:
         ),
         scheduler_objects=kinds,
         lease=LeaseConfig(
-            namespace=args.lease_namespace or pod_namespace or "default", name=args.lease_name
+            namespace=args.lease_namespace or pod_namespace or "default",
+            name=args.lease_name,
+            lease_duration_s=args.lease_duration,
+            renew_deadline_s=args.renew_deadline,
+            retry_period_s=args.retry_period,
         )
         if args.leader_elect
         else None,
@@ -279,6 +345,9 @@ def run(args: argparse.Namespace) -> int:
         tls=tls,
         require_node_identity=tls is not None and not args.anonymous_exporters,
         extender_clients=tuple(args.extender_client or DEFAULT_EXTENDER_CLIENTS),
+        exporter_clients=tuple(args.exporter_client or DEFAULT_EXPORTER_CLIENTS),
+        placement_clients=tuple(args.placement_client or ()),
+        operators=tuple(args.operator or ()),
         exporter_accounts=tuple(args.exporter_account or ("gputopo-exporter:gputopo-exporter",)),
         token_audience=args.token_audience,
         health_port=args.health_port,

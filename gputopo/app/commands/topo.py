@@ -87,15 +87,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _read(source: str) -> str:
-    """A recording's text, from a path or a bundled name; OSError/ValueError naming it."""
+    """A recording's text, from a path or a bundled name; OSError naming why not."""
+    import errno
     from pathlib import Path
 
+    from gputopo.inventory import MAX_FILE_BYTES
     from gputopo.machines import read_recording, recordings
 
     path = Path(source)
     if not path.exists() and source in recordings():
         return read_recording(source)
-    return path.read_text(encoding="utf-8", errors="replace")
+    with path.open("rb") as fh:  # bounded: `/dev/zero` is refused, not read to exhaustion
+        raw = fh.read(MAX_FILE_BYTES + 1)
+    if len(raw) > MAX_FILE_BYTES:
+        raise OSError(errno.EFBIG, f"larger than {MAX_FILE_BYTES >> 20} MiB; not a recording")
+    return raw.decode("utf-8", errors="replace")
 
 
 def sources_accepted() -> str:

@@ -1,0 +1,199 @@
+"""The in-node search on the worst nodes the report's limits allow (issue 25).
+
+128 GPUs per node is the bound a report may claim (`gputopo.bounds.MAX_GPUS_PER_NODE`). One such
+PCIe server used to hold every Place up for 8-19 s. The cost is counted here in work units, the
+links a search looks at (`intranode.search_work`): the same on every machine, so these tests do
+not depend on how fast or loaded this one is. One wall-time check remains, with its slack
+written next to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+
+import pytest
+from gputopo.sim.pcieserver import MAX_TREE_GPUS, pcie_tree, uneven_tree
+
+from gputopo.cluster import ClusterSnapshot, NodeState
+from gputopo.links import LinkKind
+from gputopo.placement import intranode, place
+from gputopo.request import request_from_mapping
+from gputopo.shape import NodeShape, node_shape
+from gputopo.topology import DeviceKind, Measurement, NodeTopology
+
+
+def measured(topo: NodeTopology, *, seed: int) -> NodeTopology:
+    """Every GPU pair measured within 10 % of nominal: noise makes every bandwidth distinct, so
+    the matrix is no tree and no two GPUs are twins (the search's worst case)."""
+    rng = random.Random(seed)
+    links = tuple(
+        dataclasses.replace(
+            lk,
+            measured=Measurement(gbps=lk.nominal_gbps * rng.uniform(0.9, 1.1), method="test"),
+        )
+        if lk.a.kind is DeviceKind.GPU and lk.b.kind is DeviceKind.GPU
+        else lk
+        for lk in topo.links
+    )
+    return dataclasses.replace(topo, links=links)
+
+
+def islands(gpus: int, sizes: tuple[int, ...]) -> list[list[int]]:
+    """Consecutive GPUs bridged in NVLink rings of the given sizes, repeated to fill the node."""
+    out: list[list[int]] = []
+    g = 0
+    while True:
+        for size in sizes:
+            if g + size > gpus:
+                return out
+            out.append(list(range(g, g + size)))
+            g += size
+
+
+WORST: dict[str, NodeTopology] = {
+    "an uneven two-socket PCIe tree": pcie_tree("a", sockets=uneven_tree(128, seed=1)),
+    "another uneven two-socket tree": pcie_tree("b", sockets=uneven_tree(128, seed=2)),
+    "an uneven four-socket tree": pcie_tree("c", sockets=uneven_tree(128, seed=3, sockets=4)),
+    "every link measured with noise": measured(
+        pcie_tree("d", sockets=uneven_tree(128, seed=4)), seed=4
+    ),
+    "NVLink rings of 2, 3, 4, 6 and 8 GPUs": pcie_tree(
+        "e", sockets=uneven_tree(128, seed=5), nvlink_rings=islands(128, (2, 3, 4, 6, 8))
+    ),
+}
+COUNTS = (1, 2, 3, 8, 16, 64, 127)
+# What the worst question measured when written: 477,562 links; a regression past this
+# share of the budget fails here before it ever cuts a search short in production.
+MARGIN = 0.6
+
+
+def _shape(name: str) -> NodeShape:
+    return node_shape(WORST[name])
+
+
+def _half_busy(shape: NodeShape, seed: int) -> int:
+    rng = random.Random(seed)
+    return intranode.mask_of([g for g in range(shape.gpu_count) if rng.random() < 0.5])
+
+
+def test_the_worst_shapes_are_what_the_limits_allow() -> None:
+    for name, topo in WORST.items():
+        assert topo.gpu_count == MAX_TREE_GPUS, name
+    shape = _shape("NVLink rings of 2, 3, 4, 6 and 8 GPUs")
+    assert sorted({len(i) for i in shape.islands}) == [1, 2, 3, 4, 6, 8]
+    noisy = _shape("every link measured with noise")
+    assert len(intranode.twin_classes(noisy)) == 128
+    assert len({x for row in noisy.bw for x in row}) > 1000
+    four = _shape("an uneven four-socket tree")
+    assert {k for row in four.kind for k in row} >= {
+        LinkKind.PIX,
+        LinkKind.PXB,
+        LinkKind.NODE,
+        LinkKind.SYS,
+    }
+
+
+@pytest.mark.parametrize("name", list(WORST))
+def test_every_question_on_a_worst_shape_finishes_well_inside_the_node_budget(name: str) -> None:
+    shape = _shape(name)
+    intranode.clear_caches()
+    for free in (shape.full_mask, _half_busy(shape, seed=7)):
+        for count in COUNTS:
+            if free.bit_count() < count:
+                continue
+            for leaves in (False, True):
+                found = intranode.choose(shape, free, count, leaves_node=leaves)
+                assert found is not None
+                assert found.complete, (name, count, leaves)
+                assert len(found.gpus) == count
+                assert intranode.mask_of(found.gpus) & ~free == 0
+                work = intranode.search_work(shape, free, count, leaves_node=leaves)
+                assert 0 < work <= MARGIN * intranode.NODE_BUDGET, (name, count, leaves, work)
+
+
+def test_a_search_cut_short_answers_with_a_real_choice_and_an_honest_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shape = _shape("every link measured with noise")
+    intranode.clear_caches()
+    # just past what the two whole rings of this node cost (138,304 links), so that the budget
+    # runs out while subsets are being weighed
+    budget = 150_000
+    monkeypatch.setattr(intranode, "NODE_BUDGET", budget)
+    try:
+        found = intranode.choose(shape, shape.full_mask, 8)
+        assert found is not None
+        assert not found.complete
+        assert len(set(found.gpus)) == 8
+        assert found.ring_gbps <= found.ring_bound_gbps < float("inf")
+        # cut short: it stopped at the budget, one subset's work past it at most (the ring
+        # search and the subset DP of 8 GPUs)
+        one_subset = 3 * 8 * 8 + 20_000 + intranode._dp_units(8)
+        assert budget <= intranode.search_work(shape, shape.full_mask, 8) < budget + one_subset
+    finally:
+        monkeypatch.undo()
+        intranode.clear_caches()
+    # with the real budget the same question finishes and is never worse
+    whole = intranode.choose(shape, shape.full_mask, 8)
+    assert whole is not None
+    assert whole.complete
+    assert intranode._bucket(whole.ring_gbps) <= intranode._bucket(found.ring_gbps)
+
+
+def test_three_worst_nodes_at_once_answer_an_honest_place_quickly() -> None:
+    """The issue's acceptance, in process: three 128-GPU PCIe nodes of different uneven shapes,
+    caches cold, a 1-GPU Place and an 8-GPU Place."""
+    names = [
+        "an uneven two-socket PCIe tree",
+        "an uneven four-socket tree",
+        "every link measured with noise",
+    ]
+    snap = ClusterSnapshot([NodeState(WORST[n], frozenset(range(128))) for n in names])
+    intranode.clear_caches()
+    took = {}
+    for gpus in (1, 8):
+        req = request_from_mapping(
+            {"job": f"tp{gpus}", "groups": [{"name": "tp", "gpus_per_pod": gpus}]}
+        )
+        start = time.perf_counter()
+        result, _ = place(snap, req)
+        took[gpus] = time.perf_counter() - start
+        assert result.placed, result
+        assert sum(len(p.gpus) for p in result.pods) == gpus
+    for name in names:
+        shape = _shape(name)
+        for gpus in (1, 8):
+            assert (
+                intranode.search_work(shape, shape.full_mask, gpus)
+                <= MARGIN * intranode.NODE_BUDGET
+            )
+    # The acceptance figures are 0.1 s and 1 s (0.05 s and 0.03 s measured on the quiet
+    # machine, 0.09-0.27 s at a load of 6-8 on 2 cores); 20x and 5x slack for such sharing: a
+    # regression to the old 5-10 s still fails.
+    assert took[1] < 2.0, took
+    assert took[8] < 5.0, took
+
+
+def test_an_answer_cut_short_is_refined_in_the_background(monkeypatch: pytest.MonkeyPatch) -> None:
+    shape = _shape("every link measured with noise")
+    intranode.clear_caches()
+    try:
+        # as in the test above: the budget runs out while subsets are weighed; refining gets
+        # REFINE_FACTOR times as much, enough to finish
+        monkeypatch.setattr(intranode, "NODE_BUDGET", 150_000)
+        monkeypatch.setattr(intranode, "REFINE_FACTOR", 20)
+        first = intranode.choose(shape, shape.full_mask, 8)
+        assert first is not None
+        assert not first.complete
+        assert intranode.pending_refinements() == 1
+        assert intranode.refine() == 1
+        assert intranode.pending_refinements() == 0
+        later = intranode.choose(shape, shape.full_mask, 8)
+        assert later is not None
+        assert later.complete
+        assert intranode._bucket(later.ring_gbps) <= intranode._bucket(first.ring_gbps)
+    finally:
+        monkeypatch.undo()
+        intranode.clear_caches()
