@@ -1,0 +1,1 @@
+"""Simulation: replay job traces on modelled clusters through the placement engine."""
