@@ -237,7 +237,7 @@ def replay(
                 records[i].dropped = "never fits this cluster"
                 continue
             if arrive_all:
-                if not start(i, now):
+                if jobs[i].gpus > total_gpus - occ.used or not start(i, now):
                     records[i].dropped = "did not fit when it arrived"
                 if math.isnan(at_full) and demand >= total_gpus:
                     at_full = occ.used / total_gpus
