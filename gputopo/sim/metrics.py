@@ -113,11 +113,12 @@ def summarise(result: ReplayResult) -> dict[str, Any]:
         allocation = _weighted(samples, first, last, "used_gpus") / total
     used_mean = _weighted(samples, first, last, "used_gpus")
     free_gpus = total - used_mean if not math.isnan(used_mean) else math.nan
-    frag = (
-        samples[-1].fragmentation
-        if result.arrive_all and samples
-        else _weighted(samples, first, last, "fragmentation")
-    )
+    if result.arrive_all:
+        # FGD's columns: the state once the GPUs asked for reached the cluster's capacity.
+        frag = result.extra.get("fragmentation_at_full_demand", math.nan)
+        free_gpus = result.extra.get("free_gpus_at_full_demand", math.nan)
+    else:
+        frag = _weighted(samples, first, last, "fragmentation")
     tp_gangs = [r for r in ran if r.tp_groups > 0]
     kv = [r for r in ran if r.kv_pairs]
     dropped = Counter(r.dropped for r in recs if r.dropped)
@@ -134,14 +135,12 @@ def summarise(result: ReplayResult) -> dict[str, Any]:
         "makespan_s": (max(r.finish for r in done) - first) if done else math.nan,
         "allocation": allocation,
         "allocation_at_full_demand": result.allocation_at_full_demand,
+        "fragmentation_at_full_demand": result.extra.get("fragmentation_at_full_demand", math.nan),
+        "free_gpus_at_full_demand": result.extra.get("free_gpus_at_full_demand", math.nan),
         "gpu_hours_run": sum(r.gpus * (r.finish - r.start) for r in done) / 3600.0,
         "fragmentation": {
             "gpus": frag,
-            "share_of_free": (
-                frag / (total - samples[-1].used_gpus)
-                if result.arrive_all and samples and total > samples[-1].used_gpus
-                else (frag / free_gpus if free_gpus and free_gpus > 0 else math.nan)
-            ),
+            "share_of_free": frag / free_gpus if free_gpus > 0 else math.nan,
         },
         "free_nodes": {
             "mean": _weighted(samples, first, last, "free_nodes"),

@@ -183,6 +183,7 @@ def replay(
     next_job = 0
     demand = 0
     at_full = math.nan
+    extra: dict[str, float] = {}
     last_say = time.perf_counter()
 
     def start(i: int, now: float) -> bool:
@@ -241,6 +242,8 @@ def replay(
                     records[i].dropped = "did not fit when it arrived"
                 if math.isnan(at_full) and demand >= total_gpus:
                     at_full = occ.used / total_gpus
+                    extra["fragmentation_at_full_demand"] = occ.frag
+                    extra["free_gpus_at_full_demand"] = float(total_gpus - occ.used)
             else:
                 queue.append(i)
         if not arrive_all:
@@ -276,6 +279,7 @@ def replay(
         wall_seconds=time.perf_counter() - began,
         arrive_all=arrive_all,
         allocation_at_full_demand=at_full,
+        extra=extra,
     )
 
 

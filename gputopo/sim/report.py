@@ -41,6 +41,7 @@ _COLUMNS = (
     ("p95", 7),
     ("makespan d", 10),
     ("alloc %", 7),
+    ("@100%", 6),
     ("frag %free", 10),
     ("free nodes", 10),
     ("free NVLd", 9),
@@ -71,6 +72,7 @@ def table(summaries: Sequence[Mapping[str, Any]]) -> str:
             _h(wait["p95"]),
             _f(s["makespan_s"] / 86400),
             _pct(alloc),
+            _pct(s["allocation_at_full_demand"]),
             _pct(s["fragmentation"]["share_of_free"]),
             _f(s["free_nodes"]["mean"], 1),
             _f(s["free_nvlink_domains"]["mean"], 1),
@@ -139,16 +141,19 @@ def write_plots(
     written.append(path)
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
+    if not any(jcts.values()):  # arrive-all traces: nobody completes
+        ax.text(0.5, 0.5, "no job completed (arrive-all trace)", ha="center", va="center")
     for policy, values in jcts.items():
         if not values:
             continue
         ordered = sorted(v / 3600 for v in values)
         n = len(ordered)
         ax.step(ordered, [(k + 1) / n for k in range(n)], where="post", label=policy)
-    ax.set_xscale("log")
+    if any(jcts.values()):
+        ax.set_xscale("log")
+        ax.legend(fontsize="small")
     ax.set_xlabel("job completion time (h, log)")
     ax.set_ylabel("share of jobs")
-    ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     path = out / "jct_cdf.png"

@@ -35,7 +35,7 @@ import io
 import math
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gputopo.request import Edge, Group, Pattern, PlacementRequest
 
@@ -299,9 +299,11 @@ def llm_mix(
 def read_trace(
     source: str, *, cluster_gpus: int, node_gpus: int = 8, load: float = 0.9
 ) -> list[SimJob]:
-    """Jobs from `KIND:ARG`: `openb:FILE`, `kalos:FILE`, `llm:JOBS[@SEED]`.
+    """Jobs from `KIND:ARG`: `openb:FILE[@SCALE]`, `kalos:FILE[@SCALE]`, `llm:JOBS[@SEED]`.
 
-    A bare FILE is recognised by its header (openb or Kalos).
+    A bare FILE is recognised by its header (openb or Kalos). SCALE multiplies arrival times
+    (0.05 replays Kalos' 90 days of arrivals in 4.5, twenty times the load; run times stay), the
+    usual way to set a trace's load on a cluster of another size.
     """
     kind, _, arg = source.partition(":")
     if not arg:
@@ -322,6 +324,17 @@ def read_trace(
             raise TraceSourceError(f"{source}: use llm:JOBS or llm:JOBS@SEED") from None
     if kind not in ("", "openb", "kalos"):
         raise TraceSourceError(f"{source}: unknown trace kind {kind!r}; use openb:, kalos: or llm:")
+    scale = 1.0
+    path, at, factor = arg.rpartition("@")
+    if at:
+        try:
+            scale = float(factor)
+        except ValueError:
+            path = arg  # an "@" that is part of the file name
+        else:
+            arg = path
+            if not (math.isfinite(scale) and scale > 0):
+                raise TraceSourceError(f"{source}: the time scale after @ must be above 0")
     try:
         with open(arg, encoding="utf-8") as f:
             text = f.read()
@@ -331,8 +344,12 @@ def read_trace(
     if not kind:
         kind = "kalos" if "gpu_workers" in header else "openb"
     if kind == "kalos":
-        return kalos_jobs(text, node_gpus=node_gpus, source=arg)
-    return openb_jobs(text, node_gpus=node_gpus, source=arg)
+        jobs = kalos_jobs(text, node_gpus=node_gpus, source=arg)
+    else:
+        jobs = openb_jobs(text, node_gpus=node_gpus, source=arg)
+    if scale != 1.0:
+        jobs = [replace(j, arrival=j.arrival * scale) for j in jobs]
+    return jobs
 
 
 def merged(traces: Iterable[list[SimJob]]) -> list[SimJob]:

@@ -132,3 +132,13 @@ def test_llm_mix_is_seeded_and_covers_every_shape() -> None:
     assert arrivals == sorted(arrivals)
     # No required scope: every policy gets the same freedom.
     assert all(j.request.scope.required is None for j in a)
+
+
+def test_a_file_trace_can_be_replayed_faster() -> None:
+    path = DATA / "acme_kalos_converted_hyunnnchoi.csv"
+    plain = read_trace(f"kalos:{path}", cluster_gpus=8)
+    fast = read_trace(f"kalos:{path}@0.05", cluster_gpus=8)
+    assert [j.arrival * 0.05 for j in plain] == pytest.approx([j.arrival for j in fast])
+    assert [j.duration for j in plain] == [j.duration for j in fast]
+    with pytest.raises(TraceSourceError, match="time scale"):
+        read_trace(f"kalos:{path}@0", cluster_gpus=8)
