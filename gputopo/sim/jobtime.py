@@ -21,8 +21,8 @@ The model, per job:
 
 Bus bandwidth of a set of GPUs (`bus_gbps`):
 
-- on one node: the worst GPU pair's figure by link kind (NVSwitch, direct NVLink, PCIe switch,
-  host bridge, across the CPU interconnect);
+- on one node: the figure of the slowest hop of the best ring through the GPUs, by link kind
+  (NVSwitch, direct NVLink, PCIe switch, host bridge, across the CPU interconnect);
 - inside one multi-node NVLink domain (GB200 NVL72): the MNNVL figure;
 - otherwise hierarchical, as NCCL runs it: each part (a node, or the GPUs in one NVLink domain)
   reaches the network through one NIC per GPU at most, so the part gives rails x per-rail figure;
@@ -33,6 +33,7 @@ Bus bandwidth of a set of GPUs (`bus_gbps`):
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -218,7 +219,7 @@ class JobTimeModel:
         return self.nodes[node].fabric.tiers
 
     def intra_gbps(self, node: str, gpus: Sequence[int]) -> float:
-        """Bus bandwidth of GPUs on one node: the worst pair's figure."""
+        """Bus bandwidth of GPUs on one node (its best ring's slowest hop)."""
         topo = self.nodes[node]
         if self._domain(node):
             return _gbps("mnnvl")
@@ -426,8 +427,25 @@ def _switched(topo: NodeTopology) -> bool:
 
 
 def _intra(topo: NodeTopology, gpus: tuple[int, ...]) -> float:
-    """Bus bandwidth of GPUs on one node without a multi-node NVLink domain: worst pair."""
+    """Bus bandwidth of GPUs on one node without a multi-node NVLink domain: its best ring.
+
+    NCCL runs all-reduce on rings and searches for the best one, so a ring's slowest hop, not
+    the worst pair, sets the figure (on a DGX-1 hybrid cube mesh four GPUs can ring over NVLink
+    though two of them share no link). Sets of up to 8 GPUs try every ring; larger ones (not
+    found on the machines here) fall back to the worst pair.
+    """
     if len(gpus) <= 1:
         return math.inf
-    worst = max(_kind(topo, a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :])
-    return _pair_gbps(topo, worst)
+    if len(gpus) == 2:
+        return _pair_gbps(topo, _kind(topo, *gpus))
+    figure = {(a, b): _pair_gbps(topo, _kind(topo, a, b)) for a in gpus for b in gpus if a != b}
+    if len(gpus) > 8:
+        return min(figure.values())
+    first, rest = gpus[0], gpus[1:]
+    best = 0.0
+    for order in itertools.permutations(rest):
+        if order[0] > order[-1]:
+            continue  # each ring once, not also backwards
+        hops = (first, *order, first)
+        best = max(best, min(figure[hops[k], hops[k + 1]] for k in range(len(hops) - 1)))
+    return best

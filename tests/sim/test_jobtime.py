@@ -192,3 +192,13 @@ def test_ideal_uses_the_best_machine_of_the_cluster() -> None:
     assert model.ideal_gbps(8) == pytest.approx(370.0)
     assert model.ideal_gbps(16) == pytest.approx(320.0)
     assert math.isinf(model.ideal_gbps(1))
+
+
+def test_gpus_that_can_ring_over_nvlink_get_nvlink_though_a_pair_has_none() -> None:
+    # DGX-1 hybrid cube mesh: 0-1-5-4-0 is an NVLink ring, while 0-5 and 1-4 meet only over SYS.
+    cluster = lingjun_cluster("ip,DSW,PSW,ASW\nx,G1,P1,S1\n", profile="dgx1-v100")
+    node = cluster.nodes[0]
+    model = JobTimeModel({node.name: node})
+    assert model.bus_gbps({node.name: [0, 5]}) == pytest.approx(28.0)
+    assert model.bus_gbps({node.name: [0, 1, 4, 5]}) == pytest.approx(116.0)
+    assert model.bus_gbps({node.name: list(range(8))}) == pytest.approx(116.0)
