@@ -267,7 +267,10 @@ def replay(
     for i in queue:
         records[i].dropped = "still queued when the trace ended"
     if arrive_all and math.isnan(at_full):
+        # Demand never reached capacity: the end state is the closest to FGD's column.
         at_full = occ.used / total_gpus if total_gpus else math.nan
+        extra["fragmentation_at_full_demand"] = occ.frag
+        extra["free_gpus_at_full_demand"] = float(total_gpus - occ.used)
     return ReplayResult(
         policy=engine.policy_name,
         records=records,
