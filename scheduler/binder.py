@@ -201,6 +201,10 @@ class Binder:
     async def run_pass(self) -> None:
         """Carry recorded groups forward, then place the groups that reached their minimum."""
         groups, stale = self._groups()
+        # Only reservations committed before this pass's snapshot of the pods may be released
+        # for want of a live pod recording them: a gang bound in this pass is recorded on pods
+        # the snapshot does not show yet, and a stale group's cached pods may not show it either.
+        committed_before = frozenset(self._committed)
         pending = 0
         for key in sorted(groups):
             if key in stale:
@@ -208,7 +212,7 @@ class Binder:
             pods = groups[key]
             recorded = [p for p in pods if _annotations(p).get(RESERVATION_ANNOTATION)]
             if recorded:
-                await self._finish(key, recorded)
+                await self._finish(key, recorded, all_live=len(recorded) == len(pods))
                 continue
             unbound = [p for p in pods if not _node(p)]
             if not unbound:
@@ -217,18 +221,22 @@ class Binder:
             if await self._schedule(key, unbound):
                 pending -= 1
         self.stats.groups_pending = pending
-        await self._release_finished(groups)
+        if not stale:
+            await self._release_finished(groups, committed_before)
         for key in list(self._minimum_at):
             if key not in groups:
                 self._minimum_at.pop(key, None)
 
-    async def _release_finished(self, groups: Mapping[GroupKey, list[dict[str, Any]]]) -> None:
-        """Release a committed reservation once no live pod records it (the gang finished or
-        was deleted), so its GPUs go back to the pool."""
+    async def _release_finished(
+        self, groups: Mapping[GroupKey, list[dict[str, Any]]], committed: frozenset[str]
+    ) -> None:
+        """Release a reservation `committed` before the pods in `groups` were read once no
+        live pod records it (the gang finished or was deleted), so its GPUs go back to the
+        pool."""
         live = {
             _annotations(p).get(RESERVATION_ANNOTATION) for pods in groups.values() for p in pods
         }
-        for rid in sorted(self._committed - live):
+        for rid in sorted(committed - live):
             try:
                 await self.placement.release(rid)
             except PlacementCallError as err:
@@ -327,14 +335,23 @@ class Binder:
         return await self._finish(key, recorded, reservation_alive=True)
 
     async def _finish(
-        self, key: GroupKey, recorded: list[dict[str, Any]], *, reservation_alive: bool = False
+        self,
+        key: GroupKey,
+        recorded: list[dict[str, Any]],
+        *,
+        reservation_alive: bool = False,
+        all_live: bool = False,
     ) -> bool:
         """Bind the rest and commit, or undo (see the module docstring); True when bound."""
         rid = _annotations(recorded[0]).get(RESERVATION_ANNOTATION, "")
         mixed = {_annotations(p).get(RESERVATION_ANNOTATION) for p in recorded}
         size = int(_annotations(recorded[0]).get(SIZE_ANNOTATION) or len(recorded))
         unbound = [p for p in recorded if not _node(p)]
-        if not unbound and len(mixed) == 1 and len(recorded) >= size:
+        # Every live pod recorded and bound: the gang was whole once (binding starts only after
+        # every pod is recorded), so fewer live pods than its size means some finished or were
+        # deleted, and a running pod is never deleted to repair a gang. (A live pod without a
+        # record, as a kill during an undo leaves, still sends the gang to the undo below.)
+        if not unbound and len(mixed) == 1 and (len(recorded) >= size or all_live):
             if rid not in self._committed:
                 await self._commit(key, rid, recorded)
             return True

@@ -14,13 +14,13 @@ import random
 import time
 
 import pytest
-from gputopo.sim.pcieserver import MAX_TREE_GPUS, pcie_tree, uneven_tree
 
 from gputopo.cluster import ClusterSnapshot, NodeState
 from gputopo.links import LinkKind
 from gputopo.placement import intranode, place
 from gputopo.request import request_from_mapping
 from gputopo.shape import NodeShape, node_shape
+from gputopo.sim.pcieserver import MAX_TREE_GPUS, pcie_tree, uneven_tree
 from gputopo.topology import DeviceKind, Measurement, NodeTopology
 
 
