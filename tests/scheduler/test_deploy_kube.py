@@ -121,8 +121,12 @@ def test_the_elected_scheduler_binds_as_its_service_account_and_is_refused_the_r
                         return len(pods) == 2 and all(p["spec"].get("nodeName") for p in pods)
 
                     await eventually(bound, timeout_s=30, what="the gang bound by the SA")
-                    events = await events_of(admin, ns)
-                    assert {e["reason"] for e in events} >= {"Scheduled"}  # events: create
+
+                    async def told() -> bool:  # the binder writes its Event after the Binding
+                        events = await events_of(admin, ns)
+                        return "Scheduled" in {e["reason"] for e in events}  # events: create
+
+                    await eventually(told, timeout_s=30, what="the Scheduled Event by the SA")
                     holder = await admin.get_lease(ns, NAME)
                     assert holder is not None
                     assert holder.holder == "replica-0"
