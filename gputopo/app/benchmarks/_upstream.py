@@ -81,7 +81,15 @@ def _run(snapshot: Any, request: Any, gangs: int, policy: str) -> dict[str, Any]
     }
 
 
-def upstream_shape(*, nodes: int, racks: int, kueue_gangs: int, log: Any) -> list[dict[str, Any]]:
+def upstream_shape(
+    *,
+    nodes: int,
+    racks: int,
+    kueue_gangs: int,
+    log: Any,
+    small: tuple[int, ...] = SMALL_GANGS,
+    large: tuple[int, ...] = LARGE_GANGS,
+) -> list[dict[str, Any]]:
     """One row per workload and policy (see the module docstring). kueue-bestfit decides only
     the first `kueue_gangs` gangs of each workload (tens of milliseconds a gang); quality is
     compared on those."""
@@ -92,7 +100,7 @@ def upstream_shape(*, nodes: int, racks: int, kueue_gangs: int, log: Any) -> lis
     topologies = build_nodes(layout, nodes * 8)
     empty = empty_snapshot(topologies).indexed()
     rows: list[dict[str, Any]] = []
-    workloads = [(g, 4) for g in SMALL_GANGS] + [(g, 1000) for g in LARGE_GANGS]
+    workloads = [(g, 4) for g in small] + [(g, 1000) for g in large]
     for gangs, pods in workloads:
         request = _request(pods)
         runs = {
