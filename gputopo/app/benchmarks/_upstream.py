@@ -12,11 +12,12 @@ sampling). Here:
    asks for one GPU; a gang of 4 must stay in one rack (upstream's required rack), a gang of
    1,000 prefers one (1,000 GPUs do not fit in a rack of 800).
 3. Pods decided per second (placed pods over the decision time, with the taking counted too,
-   and per CPU second of the process, which a shared machine does not distort), and the quality of the decisions beside kueue-bestfit's on the same sequence: gangs
-   placed, mean predicted communication time, how often gputopo's is slower (by more than the
-   cost model's tie bucket) on the same gang of the sequence, racks spanned. kueue-bestfit
-   decides only the first gangs of each workload (`kueue_gangs`): it is the quality reference
-   here, not the speed one, and costs tens of milliseconds a gang.
+   and per CPU second of the process, which a shared machine does not distort), and the
+   quality of the decisions beside kueue-bestfit's on the same sequence: gangs placed, mean
+   predicted communication time, how often gputopo's is slower (by more than the cost
+   model's tie bucket) on the same gang of the sequence, racks spanned. kueue-bestfit decides
+   only the first gangs of each workload (`kueue_gangs`): it is the quality reference here,
+   not the speed one, and costs tens of milliseconds a gang.
 """
 
 from __future__ import annotations
