@@ -108,7 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--upstream-nodes",
         type=int,
         default=5000,
-        help="nodes of upstream Kubernetes' gang shape (0: skip; see _upstream)",
+        help="nodes of upstream Kubernetes' gang shape, 100 a rack (0: skip)",
     )
     parser.add_argument("--upstream-racks", type=int, default=50, help="racks of that shape")
     parser.add_argument(
