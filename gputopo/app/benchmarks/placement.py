@@ -108,7 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--upstream-nodes",
         type=int,
         default=5000,
-        help="nodes of upstream Kubernetes' gang shape, 100 a rack (0: skip)",
+        help="nodes of upstream Kubernetes' gang shape, even over --upstream-racks (0: skip)",
     )
     parser.add_argument("--upstream-racks", type=int, default=50, help="racks of that shape")
     parser.add_argument(
