@@ -64,6 +64,8 @@ _V = TypeVar("_V")
 _TIER_OF_SCOPE = {Scope.LEAF: 0, Scope.SPINE: 1, Scope.CORE: 2}
 # Scopes whose domains get per-class counts (NODE is the node itself).
 _INDEXED_SCOPES = (Scope.NVLINK, Scope.LEAF, Scope.SPINE, Scope.CORE, Scope.ZONE, Scope.CLUSTER)
+# Scopes whose domains are also indexed by free count (the best-fit terms of a node's damage).
+_BUCKETED = (Scope.NVLINK, Scope.LEAF)
 
 # A domain: its scope and an identity that is unique within that scope.
 DomainKey = tuple[Scope, str]
@@ -143,6 +145,13 @@ def domain_ids(topology: NodeTopology, labels: Mapping[str, str]) -> Mapping[Sco
     return _domain_ids(NodeState(topology, frozenset(), labels))
 
 
+def _fit_scope(cell: Cell) -> Scope | None:
+    """The narrowest multi-node domain a cell is one piece of: NVLINK, LEAF, or None."""
+    if cell[0]:
+        return Scope.NVLINK
+    return Scope.LEAF if cell[1] else None
+
+
 def _cell(name: str, ids: Mapping[Scope, str]) -> Cell:
     nvl, leaf = ids.get(Scope.NVLINK, ""), ids.get(Scope.LEAF, "")
     return (nvl, leaf, "") if nvl or leaf else ("", "", name)
@@ -197,6 +206,7 @@ class _Structure:
         "domain_ids",
         "domains",
         "expires",
+        "fit_scope",
         "placeable",
         "shape",
         "total",
@@ -253,6 +263,10 @@ class _Structure:
         self.cell_rep: dict[Cell, str] = {}
         for name in sorted(self.cell):
             self.cell_rep.setdefault(self.cell[name], name)
+        kinds = {_fit_scope(c) for c in self.cell_rep}
+        # The scope whose free count orders every cell's best-fit terms, when all cells have
+        # one (see `ClusterSnapshot.fit_scope`).
+        self.fit_scope: Scope | None = kinds.pop() if len(kinds) == 1 else None
         self._cells_by: dict[Scope, dict[str, tuple[Cell, ...]]] = {}
         self.domains: Mapping[Scope, Mapping[str, tuple[str, ...]]] = MappingProxyType(
             {
@@ -282,10 +296,19 @@ class _FreeIndex:
     Treated as immutable once built; `derive` copies only what a change touches.
     """
 
-    __slots__ = ("cell_nodes", "class_cells", "domain_classes", "domain_free", "mask")
+    __slots__ = (
+        "by_free",
+        "cell_nodes",
+        "class_cells",
+        "domain_classes",
+        "domain_free",
+        "mask",
+    )
 
     def __init__(self) -> None:
         self.mask: _Layered[int] = _Layered({})
+        # NVLINK and LEAF domains by their free GPUs: free count -> domains (for best fit).
+        self.by_free: dict[Scope, dict[int, frozenset[str]]] = {s: {} for s in _BUCKETED}
         self.domain_free: dict[Scope, dict[str, int]] = {s: {} for s in _INDEXED_SCOPES}
         self.domain_classes: dict[Scope, dict[str, dict[NodeClass, int]]] = {
             s: {} for s in _INDEXED_SCOPES
@@ -322,6 +345,11 @@ class _FreeIndex:
                 class_cells.setdefault(c, set()).add(cell)
         idx.class_cells = {c: frozenset(v) for c, v in class_cells.items()}
         idx.mask = _Layered(masks)
+        for scope in _BUCKETED:
+            buckets: dict[int, set[str]] = {}
+            for domain, free in idx.domain_free[scope].items():
+                buckets.setdefault(free, set()).add(domain)
+            idx.by_free[scope] = {f: frozenset(d) for f, d in buckets.items()}
         return idx
 
     def derive(self, structure: _Structure, changes: Mapping[str, frozenset[int]]) -> _FreeIndex:
@@ -332,6 +360,8 @@ class _FreeIndex:
         out.domain_classes = dict(self.domain_classes)
         out.cell_nodes = dict(self.cell_nodes)
         out.class_cells = dict(self.class_cells)
+        out.by_free = self.by_free
+        moved: dict[tuple[Scope, str], int] = {}  # domain -> its free count before the changes
         copied_free: set[Scope] = set()
         copied_classes: set[tuple[Scope, str]] = set()
         copied_scope_classes: set[Scope] = set()
@@ -355,6 +385,8 @@ class _FreeIndex:
                 if scope not in copied_free:
                     out.domain_free[scope] = dict(out.domain_free[scope])
                     copied_free.add(scope)
+                if scope in _BUCKETED:
+                    moved.setdefault((scope, domain), out.domain_free[scope][domain])
                 out.domain_free[scope][domain] += delta
                 if scope not in copied_scope_classes:
                     out.domain_classes[scope] = dict(out.domain_classes[scope])
@@ -390,6 +422,19 @@ class _FreeIndex:
                 by_class[new_cls] = frozenset((name,))
                 out.class_cells[new_cls] = out.class_cells.get(new_cls, frozenset()) | {cell}
         out.mask = self.mask.changed(new_masks)
+        if moved:
+            out.by_free = {scope: dict(b) for scope, b in self.by_free.items()}
+            for (scope, domain), before in moved.items():
+                after = out.domain_free[scope][domain]
+                if after == before:
+                    continue
+                buckets = out.by_free[scope]
+                rest = buckets[before] - {domain}
+                if rest:
+                    buckets[before] = rest
+                else:
+                    del buckets[before]
+                buckets[after] = buckets.get(after, frozenset()) | {domain}
         return out
 
 
@@ -570,6 +615,19 @@ class ClusterSnapshot:
     def free_domains(self, scope: Scope) -> Mapping[str, int]:
         """Domain id -> free GPUs, for an indexed scope (not NODE)."""
         return self.index.domain_free[scope]
+
+    @property
+    def fit_scope(self) -> Scope | None:
+        """NVLINK when every cell is a multi-node NVLink domain (or a piece of one), LEAF when
+        every cell is a leaf (or a piece of one) outside any, None for a mix or nodes without
+        fabric facts. With it, a cell's best-fit terms start with that domain's free GPUs, so
+        cells can be visited tightest first (`domains_by_free`)."""
+        return self.structure.fit_scope
+
+    def domains_by_free(self, scope: Scope) -> Mapping[int, frozenset[str]]:
+        """Free GPUs -> the domains with that many free, for NVLINK and LEAF (kept with the
+        free counts, so finding the tightest domains costs their number, not the cluster's)."""
+        return self.index.by_free[scope]
 
     def cell_nodes(self, cell: Cell) -> Mapping[NodeClass, frozenset[str]]:
         """The placeable nodes of a cell, by class."""

@@ -64,13 +64,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", type=Path, required=True, help="checkout of the base commit")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--branch-only",
+        default="",
+        metavar="FLAGS",
+        help="flags added on the branch side alone (space separated): options the base does"
+        " not know yet, such as one that turns off a part the branch added",
+    )
     parser.add_argument("bench", nargs=argparse.REMAINDER, help="-- NAME [benchmark flags]")
     args = parser.parse_args()
     bench = [a for a in args.bench if a != "--"]
     sides: dict[str, list[dict[str, float]]] = {"base": [], "branch": []}
     for _ in range(args.rounds):
         sides["base"].append(flatten(run(args.base.resolve(), bench)))
-        sides["branch"].append(flatten(run(HERE, bench)))
+        sides["branch"].append(flatten(run(HERE, bench + args.branch_only.split())))
     figures = {}
     for key in sorted(set(sides["base"][0]) & set(sides["branch"][0])):
         if key.rsplit(".", 1)[-1] in (*ROW_KEYS, "seed"):

@@ -15,11 +15,19 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from gputopo import cost
 from gputopo.cluster import NodeClass
 from gputopo.links import LinkKind
-from gputopo.placement.intranode import NodeChoice, ceilings, choose, network_front
+from gputopo.placement.intranode import (
+    NodeChoice,
+    candidate_subsets,
+    ceilings,
+    choose,
+    figures_of,
+    network_front,
+)
 from gputopo.placement.links import holds, span_of
 from gputopo.placement.objective import WIDTH, damage, key, width
 from gputopo.placement.plans import (
@@ -36,6 +44,7 @@ from gputopo.placement.predict import collective_seconds, node_floor_seconds
 from gputopo.placement.result import RejectionCode
 from gputopo.placement.view import View
 from gputopo.request import Group, Scope
+from gputopo.shape import NodeShape
 
 __all__ = [
     "EXACT_PER_SCOPE",
@@ -211,15 +220,51 @@ def _priced(cls: NodeClass, pods: int, group: Group, nodes: int, nvlink: bool) -
     `intranode.network_front`, the one whose own share of the collective is fastest (a better
     ring first on ties)."""
     options = network_front(cls[0], cls[1], pods * group.gpus_per_pod)
-    if nodes <= 1 or len(options) == 1:
+    if nodes <= 1:
         return options[0]
+    if len(options) == 1:
+        return _on_more_nics(cls[0], cls[1], options[0])
     ranks = group.gpus_per_replica
-    return min(
-        options,
-        key=lambda c: cost.time_bucket(
-            node_floor_seconds(group, c, ranks=ranks, nodes=nodes, nvlink=nvlink)
+    return _on_more_nics(
+        cls[0],
+        cls[1],
+        min(
+            options,
+            key=lambda c: cost.time_bucket(
+                node_floor_seconds(group, c, ranks=ranks, nodes=nodes, nvlink=nvlink)
+            ),
         ),
     )
+
+
+def _nic_count(choice: NodeChoice) -> int:
+    return len({n for n in choice.nic_names if n})
+
+
+@lru_cache(maxsize=1 << 14)
+def _on_more_nics(shape: NodeShape, mask: int, picked: NodeChoice) -> NodeChoice:
+    """`picked`, or GPUs of the same node that are as good on every figure the cost model
+    prices (ring bandwidth, slowest NIC share, NUMA nodes) and sit on more distinct NICs.
+
+    The model prices a node's network by its slowest GPU's share, so four GPUs packed on two
+    shared NICs tie with four GPUs over three or four NICs; NCCL spreads a gang's inter-node
+    rings over every NIC its GPUs have, so more NICs carry more (issue 26's second quality
+    case). Only for GPUs that leave the node; the first such subset in scoring order wins.
+    """
+    most = _nic_count(picked)
+    numa = len({shape.numa[g] for g in picked.gpus})
+    best = picked
+    pool = tuple(g for g in range(shape.gpu_count) if mask >> g & 1)
+    for subset in candidate_subsets(shape, pool, len(picked.gpus)):
+        other = figures_of(shape, subset)
+        if (
+            _nic_count(other) > most
+            and other.ring_gbps >= picked.ring_gbps
+            and other.min_nic_gbps >= picked.min_nic_gbps
+            and len({shape.numa[g] for g in subset}) <= numa
+        ):
+            best, most = other, _nic_count(other)
+    return best
 
 
 def _shapes(total: int, parts: int, largest: int) -> list[list[int]]:

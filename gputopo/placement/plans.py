@@ -182,6 +182,11 @@ def cell_terms(
     return tuple(broken), tuple(fit)
 
 
+# A class held by at most this many cells is judged cell by cell; a commoner one by visiting
+# the cells tightest first (`_tightest_cells`), which stops early.
+_FEW_CELLS = 32
+
+
 def best_node(
     view: View,
     choices: Mapping[NodeClass, tuple[float, object]],
@@ -191,17 +196,33 @@ def best_node(
 
     Per cell the broken-domain and best-fit terms are computed once, per class the node terms
     (whole node broken, GPUs left on it); the key is assembled exactly as `objective.damage`
-    would for that node.
+    would for that node. When the whole cluster is in view and every cell has the same fit
+    scope, a common class is answered by `_tightest_cells` instead of visiting all its cells:
+    a TP-8 on a 1M-GPU cluster then costs the few tightest domains, not its 10,000 leaves.
     """
     snapshot = view.snapshot
     scope, domain = view.root()
+    fit = snapshot.fit_scope
+    fast = fit is not None and scope is Scope.CLUSTER and not view.restricted
+    wanted = list(choices)
+    if fast:
+        common = [c for c in wanted if len(snapshot.class_cells(c)) > _FEW_CELLS]
+        common_set = set(common)
+        wanted = [c for c in wanted if c not in common_set]
     best: tuple[tuple[object, ...], str, NodeClass, Damage] | None = None
-    for cell, by_class in view.cells_of_classes(scope, domain, choices.keys()):
-        broken, fit = cell_terms(snapshot, cell, take)
+    candidates: list[tuple[Cell, dict[NodeClass, list[str]]]] = (
+        view.cells_of_classes(scope, domain, wanted) if wanted else []
+    )
+    if fast:
+        assert fit is not None
+        for cls in common:
+            candidates.extend(_tightest_cells(snapshot, fit, cls, take))
+    for cell, by_class in candidates:
+        broken, fit_terms = cell_terms(snapshot, cell, take)
         for cls, names in by_class.items():
             shape, mask = cls
             mine = node_terms(shape, mask, take)
-            harm = (*broken, *mine, *fit)
+            harm = (*broken, *mine, *fit_terms)
             name = names[0]
             k = (harm, name)
             if best is None or k < best[0]:
@@ -209,6 +230,41 @@ def best_node(
     if best is None:
         return None
     return best[1], best[2], best[3]
+
+
+def _tightest_cells(
+    snapshot: ClusterSnapshot, fit: Scope, cls: NodeClass, take: int
+) -> list[tuple[Cell, dict[NodeClass, list[str]]]]:
+    """The cells holding nodes of one class that can hold the least damaging such node.
+
+    Every cell's first best-fit term is the free count of its `fit` domain (NVLINK; for leaf
+    cells the NVLINK term is 0 and the LEAF one comes first), and it follows the broken-domain
+    terms and the class's own node terms, which are equal for every node of the class. So once
+    a cell that breaks no whole domain is found among the domains with f free GPUs, no domain
+    with more free GPUs can hold a better node of this class: visiting the domains by free
+    count from `take` up, this returns the cells of the buckets up to that one (and every cell
+    of the class when none breaks nothing: the caller compares them all).
+    """
+    buckets = snapshot.domains_by_free(fit)
+    out: list[tuple[Cell, dict[NodeClass, list[str]]]] = []
+    top = max(buckets, default=-1)
+    for free in range(take, top + 1):
+        domains = buckets.get(free)
+        if not domains:
+            continue
+        done = False
+        for domain in sorted(domains):
+            for cell in snapshot.cells_in(fit, domain):
+                names = snapshot.cell_nodes(cell).get(cls)
+                if not names:
+                    continue
+                out.append((cell, {cls: sorted(names)}))
+                if not done:
+                    broken, _ = cell_terms(snapshot, cell, take)
+                    done = not any(broken)
+        if done:
+            break
+    return out
 
 
 def slower_node_plans(

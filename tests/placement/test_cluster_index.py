@@ -30,6 +30,7 @@ def index_view(snap: ClusterSnapshot) -> dict[str, object]:
         },
         "cells": {c: {k: v for k, v in by.items() if v} for c, by in idx.cell_nodes.items()},
         "class_cells": dict(idx.class_cells),
+        "by_free": {s: {f: d for f, d in b.items() if d} for s, b in idx.by_free.items()},
     }
 
 

@@ -79,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip the ack-only baseline run")
     parser.add_argument("--profile", default="dgx-h100", help="machine profile of every node")
+    parser.add_argument(
+        "--cprofile",
+        default="",
+        metavar="PATH",
+        help="write a cProfile of the aggregator process (whole run) to PATH",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
@@ -103,9 +109,21 @@ def _peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
-def _serve(conn: Connection, kind: str) -> None:
-    """Child: serve the aggregator (or the ack-only baseline) until told to stop."""
-    asyncio.run(_serve_async(conn, kind))
+def _serve(conn: Connection, kind: str, cprofile: str = "") -> None:
+    """Child: serve the aggregator (or the ack-only baseline) until told to stop; with
+    `cprofile`, profile the whole process's work and write the stats there."""
+    if not cprofile:
+        asyncio.run(_serve_async(conn, kind))
+        return
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        asyncio.run(_serve_async(conn, kind))
+    finally:
+        profiler.disable()
+        profiler.dump_stats(cprofile)
 
 
 async def _serve_async(conn: Connection, kind: str) -> None:
@@ -198,14 +216,13 @@ async def _exporters_async(
 
     from gputopo.runtime import grpcio
     from gputopo.v1 import reporter_pb2 as rpb
-    from gputopo.v1 import reporter_pb2_grpc as rgrpc
     from gputopo.v1 import topology_pb2 as tpb
 
     rng = random.Random(options["seed"])
     interval = options["delta_interval"]
     base = _node_messages("template", options["profile"], 0)
     # One HTTP/2 connection per 100 nodes (a local subchannel pool keeps channels with equal
-    # arguments from sharing one connection).
+    # arguments from sharing one connection); a process's nodes go round them in turn.
     channels = [
         grpcio.channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
         for _ in range(max(1, len(names) // 100))
@@ -213,46 +230,82 @@ async def _exporters_async(
     samples: list[float] = []
     counts: collections.Counter[str] = collections.Counter()
     errors: list[str] = []
+    # Streams that ended before the bench stopped them (by status code, EOF when the server
+    # closed it cleanly), and nodes whose snapshot was never acknowledged: both are errors.
+    failed: collections.Counter[str] = collections.Counter()
+    unacked_snapshots = 0
+    stopping = False
     acked = asyncio.Event()
     pending_snapshots = len(names)
     window = asyncio.get_running_loop().create_future()
 
-    async def node(i: int, name: str) -> None:
+    async def node(i: int, slot: int, name: str) -> None:
+        nonlocal unacked_snapshots
         topo = tpb.NodeTopology()
         topo.ParseFromString(base[0])
         topo.name = name
         topo.fabric.tiers[:] = [f"leaf-{i // _LEAF}", f"spine-{i // _SPINE}", "core"]
-        deltas = [rpb.Delta.FromString(d) for d in base[1]]
-        stub = rgrpc.ReporterStub(channels[i % len(channels)])
-        call = stub.Report()
         incarnation, seq = time.time_ns(), 0
+        # Messages encoded once: the node's fixed fields and payload; each send appends only
+        # its sequence and send time (protobuf merges concatenated messages), so the generator
+        # spends its CPU on the wire, not on building messages.
+        head = rpb.ReportRequest(node_name=name, incarnation=incarnation)
+        encoded = {
+            "snapshot": [
+                rpb.ReportRequest(
+                    node_name=name,
+                    incarnation=incarnation,
+                    snapshot=rpb.Snapshot(topology=topo),
+                ).SerializeToString()
+            ],
+            "delta": [
+                head.SerializeToString()
+                + rpb.ReportRequest(delta=rpb.Delta.FromString(d)).SerializeToString()
+                for d in base[1]
+            ],
+            "heartbeat": [
+                rpb.ReportRequest(
+                    node_name=name, incarnation=incarnation, heartbeat=rpb.Heartbeat()
+                ).SerializeToString()
+            ],
+        }
+        call: Any = channels[slot % len(channels)].stream_stream(
+            "/gputopo.v1.Reporter/Report",
+            request_serializer=None,
+            response_deserializer=rpb.ReportResponse.FromString,
+        )()
         sent: collections.deque[tuple[str, float]] = collections.deque()
         settled = False
 
-        def settle() -> None:
-            """The node's snapshot was acknowledged, or its stream failed: it is counted."""
-            nonlocal settled, pending_snapshots
+        def settle(ok: bool) -> None:
+            """The node's snapshot was acknowledged (ok), or its stream failed first."""
+            nonlocal settled, pending_snapshots, unacked_snapshots
             if not settled:
                 settled = True
+                unacked_snapshots += not ok
                 pending_snapshots -= 1
                 if pending_snapshots == 0:
                     acked.set()
 
-        async def send(**payload: Any) -> None:
+        async def send(kind: str, k: int = 0) -> None:
             nonlocal seq
             seq += 1
-            msg = rpb.ReportRequest(
-                node_name=name, incarnation=incarnation, sequence=seq, **payload
-            )
-            msg.sent_at.FromNanoseconds(time.time_ns())
-            sent.append((next(iter(payload)), time.monotonic()))
-            await call.write(msg)
+            stamp = rpb.ReportRequest(sequence=seq)
+            stamp.sent_at.FromNanoseconds(time.time_ns())
+            sent.append((kind, time.monotonic()))
+            await call.write(encoded[kind][k % len(encoded[kind])] + stamp.SerializeToString())
 
         async def read() -> None:
             try:
                 await read_acks()
+                if not stopping:
+                    failed["EOF"] += 1
+                    errors.append(f"{name}: the server ended the stream")
             except grpc.aio.AioRpcError as err:
-                errors.append(f"{name}: {err.code().name} {err.details()}")
+                if not stopping:
+                    failed[err.code().name] += 1
+                    errors.append(f"{name}: {err.code().name} {err.details()}")
+            settle(False)
 
         async def read_acks() -> None:
             first = True
@@ -268,7 +321,7 @@ async def _exporters_async(
                     continue
                 if first:
                     first = False
-                    settle()
+                    settle(True)
                 if window.done():
                     start, end = window.result()
                     if start <= at < end:
@@ -278,38 +331,48 @@ async def _exporters_async(
 
         reader = asyncio.create_task(read())
         try:
-            await send(snapshot=rpb.Snapshot(topology=topo))
+            await send("snapshot")
             await asyncio.sleep(rng.uniform(0, interval))
             k = 0
             while True:
-                await send(delta=deltas[k % 2])
+                await send("delta", k)
                 k += 1
                 await asyncio.sleep(interval / 2)
-                await send(heartbeat=rpb.Heartbeat())
+                await send("heartbeat")
                 await asyncio.sleep(interval / 2)
-        except grpc.aio.AioRpcError as err:
-            errors.append(f"{name}: {err.code().name} {err.details()}")
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as err:
+            if not stopping:  # the reader records the stream's status; this is the write side
+                errors.append(f"{name}: write failed: {type(err).__name__}")
         finally:
-            settle()
+            settle(False)
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
                 await reader
             call.cancel()
 
     tasks = [
-        asyncio.create_task(node(i, n)) for i, n in zip(options["indices"], names, strict=True)
+        asyncio.create_task(node(i, slot, n))
+        for slot, (i, n) in enumerate(zip(options["indices"], names, strict=True))
     ]
     await acked.wait()
-    conn.send("ready")
+    conn.send(("ready", unacked_snapshots))
     start, end = await asyncio.to_thread(conn.recv)
     window.set_result((start, end))
     await asyncio.sleep(max(0.0, end - time.monotonic()) + 3.0)  # outstanding acks
+    stopping = True
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     for channel in channels:
         await channel.close()
-    return {"samples": samples, "counts": dict(counts), "errors": errors}
+    return {
+        "samples": samples,
+        "counts": dict(counts),
+        "errors": errors,
+        "failed_streams": dict(failed),
+        "unacked_snapshots": unacked_snapshots,
+        "channels": len(channels),
+    }
 
 
 # --- one run ------------------------------------------------------------------------------------
@@ -319,7 +382,8 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     """One server kind under the full load; figures from the measurement window."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    server = ctx.Process(target=_serve, args=(child, kind), daemon=True)
+    cprofile = args.cprofile if kind == "aggregator" else ""
+    server = ctx.Process(target=_serve, args=(child, kind, cprofile), daemon=True)
     server.start()
     port = parent.recv()
     target = f"127.0.0.1:{port}"
@@ -340,9 +404,13 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         proc.start()
         workers.append((proc, a))
     began = time.monotonic()
+    unacked = 0
     for _, pipe in workers:
-        if not pipe.poll(300) or pipe.recv() != "ready":
-            raise RuntimeError("an exporter process did not get its snapshots acknowledged")
+        if not pipe.poll(300):
+            raise RuntimeError("an exporter process did not settle its nodes' snapshots")
+        ready, failed = pipe.recv()
+        assert ready == "ready"
+        unacked += failed
     snapshots_s = time.monotonic() - began
     start = time.monotonic() + args.delta_interval  # every node is in its steady cycle
     end = start + args.duration
@@ -350,10 +418,12 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         pipe.send((start, end))
     time.sleep(max(0.0, start - time.monotonic()))
     cpu0, _ = _proc_stat(server.pid or 0)
+    gen0 = sum(_proc_stat(proc.pid or 0)[0] for proc, _ in workers)
     parent.send("stats")
     stats0 = parent.recv()
     time.sleep(max(0.0, end - time.monotonic()))
     cpu1, rss = _proc_stat(server.pid or 0)
+    gen1 = sum(_proc_stat(proc.pid or 0)[0] for proc, _ in workers)
     peak = _peak_rss_mib(server.pid or 0)
     parent.send("stats")
     stats1 = parent.recv()
@@ -367,10 +437,18 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     for r in results:
         counts.update(r["counts"])
     errors = [e for r in results for e in r["errors"]]
+    failed_streams: collections.Counter[str] = collections.Counter()
+    for r in results:
+        failed_streams.update(r["failed_streams"])
     expected_deltas = args.nodes * args.duration / args.delta_interval
     out = {
         "server": kind,
-        "seconds_until_all_snapshots_acked": round(snapshots_s, 2),
+        # None unless every snapshot was acknowledged: a failed stream is not an acked one.
+        "seconds_until_all_snapshots_acked": round(snapshots_s, 2) if not unacked else None,
+        "snapshots_not_acked": unacked,
+        "streams_failed": sum(failed_streams.values()),
+        "streams_failed_by_code": dict(failed_streams),
+        "channels": sum(r["channels"] for r in results),
         "reports_per_second": round(sum(counts.values()) / args.duration, 1),
         "deltas_per_second": round(counts["delta"] / args.duration, 1),
         "delta_fraction_acked": round(len(samples) / expected_deltas, 4) if expected_deltas else 0,
@@ -378,9 +456,12 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         "p99_freshness_seconds": round(_quantile(samples, 0.99), 4),
         "max_freshness_seconds": round(samples[-1], 4) if samples else None,
         "cpu_percent": round(100 * (cpu1 - cpu0) / args.duration, 1),
+        # the exporter processes together, over the same window: if it nears 100 % per core
+        # the machine, not the aggregator, limits the load
+        "generator_cpu_percent": round(100 * (gen1 - gen0) / args.duration, 1),
         "rss_mib": round(rss, 1),
         "peak_rss_mib": round(peak, 1),
-        "errors": len(errors) + stats1.get("rejected", 0),
+        "errors": len(errors) + stats1.get("rejected", 0) + unacked,
         "error_examples": errors[:5],
     }
     if stats1.get("freshness_count"):
@@ -501,6 +582,8 @@ def run(args: argparse.Namespace) -> int:
         "p99_freshness_seconds": main["p99_freshness_seconds"],
         "aggregator_rss_mib": main["rss_mib"],
         "aggregator_cpu_percent": main["cpu_percent"],
+        "generator_cpu_percent": main["generator_cpu_percent"],
+        "streams_failed": main["streams_failed"],
         "errors": main["errors"],
         "freshness": "exporter send to the aggregator's ack, sent after the state applied it",
         "aggregator": main,
@@ -523,6 +606,7 @@ def run(args: argparse.Namespace) -> int:
         "one_delta_per_node_per_interval_sustained": main["delta_fraction_acked"] >= 0.99,
         "p99_freshness_at_most_1s": main["p99_freshness_seconds"] <= 1.0,
         "zero_errors": main["errors"] == 0,
+        "zero_streams_failed": main["streams_failed"] == 0 and main["snapshots_not_acked"] == 0,
     }
     if memory is not None and args.memory_nodes == 10_000:
         figures["targets"]["rss_10k_nodes_at_most_1024_mib"] = memory["rss_mib"] <= 1024
@@ -547,7 +631,8 @@ def _print(f: dict[str, Any]) -> None:
         f"  {f['reports_per_second']} reports/s ({f['deltas_per_second']} deltas/s, target "
         f"{f['target_deltas_per_second']}), p99 freshness {f['p99_freshness_seconds']} s, "
         f"aggregator {f['aggregator_rss_mib']} MiB, {f['aggregator_cpu_percent']} % CPU, "
-        f"{f['errors']} errors"
+        f"generator {f['generator_cpu_percent']} % CPU, {f['streams_failed']} streams failed "
+        f"{f['aggregator']['streams_failed_by_code']}, {f['errors']} errors"
     )
     if "baseline" in f:
         b = f["baseline"]

@@ -104,6 +104,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--churn-events", type=int, default=10, help="pod events between two decisions"
     )
+    parser.add_argument(
+        "--upstream-nodes",
+        type=int,
+        default=5000,
+        help="nodes of upstream Kubernetes' gang shape, even over --upstream-racks (0: skip)",
+    )
+    parser.add_argument("--upstream-racks", type=int, default=50, help="racks of that shape")
+    parser.add_argument(
+        "--upstream-kueue-gangs",
+        type=int,
+        default=200,
+        help="gangs of each upstream workload kueue-bestfit also decides, for the quality"
+        " comparison (it costs tens of ms a gang at 5,000 nodes)",
+    )
     parser.add_argument("--seed", type=int, default=7, help="random seed")
 
 
@@ -540,6 +554,7 @@ def _targets(
     quality: dict[str, Any],
     worse: _Worse,
     pcie: list[dict[str, Any]],
+    upstream: list[dict[str, Any]],
 ) -> dict[str, Any]:
     def worst(shape: str, near: int) -> float | None:
         found = [
@@ -579,6 +594,17 @@ def _targets(
         "met": bool(p99) and max(p99) <= 20.0,
     }
     out["worse_than_kueue"] = {"value": worse.worse, "limit": 0, "met": worse.worse == 0}
+    rates = [
+        r["pods_decided_per_s"]
+        for r in upstream
+        if r["policy"] == "gputopo" and r["shape"].endswith("x4")
+    ]
+    if rates:  # the issue's bar: 5,000 gang pods decided per second for gangs of 4
+        out["upstream_gang4_pods_per_s"] = {
+            "value": min(rates),
+            "limit": 5000.0,
+            "met": min(rates) >= 5000.0,
+        }
     return out
 
 
@@ -586,6 +612,7 @@ def run(args: argparse.Namespace) -> int:
     """Run every part and print the figures."""
     from gputopo import cost
     from gputopo.app.benchmarks._churn import occupancy_churn
+    from gputopo.app.benchmarks._upstream import upstream_shape
 
     log = sys.stderr if args.json else sys.stdout
     started = time.perf_counter()
@@ -619,6 +646,16 @@ def run(args: argparse.Namespace) -> int:
     if bench_tp8 is not None:  # the issue's bar: within 2x of the engine's own figures
         for q in ("p50_ms", "p99_ms"):
             churn[f"churn_over_bench_tp8_{q[:3]}"] = round(churn["churn"][q] / bench_tp8[q], 2)
+    upstream = (
+        upstream_shape(
+            nodes=args.upstream_nodes,
+            racks=args.upstream_racks,
+            kueue_gangs=args.upstream_kueue_gangs,
+            log=log,
+        )
+        if args.upstream_nodes > 0
+        else []
+    )
     speedup = []
     for r in latency:
         if r["policy"] != "gputopo":
@@ -654,7 +691,8 @@ def run(args: argparse.Namespace) -> int:
         "fragmentation": fragmentation,
         "pcie_servers": pcie,
         "occupancy_churn": churn,
-        "targets": _targets(latency, quality, worse, pcie),
+        "upstream_shape": upstream,
+        "targets": _targets(latency, quality, worse, pcie, upstream),
         "seconds": round(time.perf_counter() - started, 1),
     }
     if args.json:
@@ -702,6 +740,14 @@ def _print(report: dict[str, Any]) -> None:
             f"  {r['node_gpus']:>2}-GPU nodes, {r['request_gpus']}-GPU request, {r['policy']:14} "
             f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms"
         )
+    if report["upstream_shape"]:
+        print("upstream shape (gangs x pods, 1 GPU a pod):")
+        for r in report["upstream_shape"]:
+            print(
+                f"  {r['shape']:>8} {r['policy']:14} {r['gangs_placed']:>5} placed "
+                f"{r['pods_decided_per_s']} pods/s, predicted {r['predicted_ms_mean']} ms, "
+                f"racks {r['racks_mean']}"
+            )
     churn = report["occupancy_churn"]
     if churn:
         print(
