@@ -201,8 +201,11 @@ class KubeClient:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
 
     @classmethod
-    def from_kubeconfig(cls, path: str | None = None, *, context: str | None = None) -> KubeClient:
-        """From a kubeconfig file (default: $KUBECONFIG or ~/.kube/config).
+    def from_kubeconfig(
+        cls, path: str | None = None, *, context: str | None = None, workers: int = 4
+    ) -> KubeClient:
+        """From a kubeconfig file (default: $KUBECONFIG or ~/.kube/config); `workers` calls at
+        once at most.
 
         Raises KubeError saying which file could not be used and why.
         """
@@ -213,7 +216,7 @@ class KubeClient:
         except Exception as err:  # the client raises several unrelated types here
             where = path or "$KUBECONFIG or ~/.kube/config"
             raise KubeError(0, f"cannot use kubeconfig {where}: {err}") from None
-        return cls(api)
+        return cls(api, workers=workers)
 
     @classmethod
     def in_cluster(cls) -> KubeClient:
