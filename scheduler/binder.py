@@ -10,9 +10,13 @@ finishes or undoes the group when it (or its successor) starts:
 1. **Wait** until the pods the group's request needs exist and are unbound (its minimum; a
    coscheduling `scheduleTimeoutSeconds` bounds the wait and the reservation's life).
 2. **Place** the whole communication graph with a reservation (the GPUs are held for a TTL).
-3. **Record** on every pod the reservation, node and GPU indices (`gputopo.io/*` annotations)
-   before binding any: from here on, the cluster says what was decided.
-4. **Bind** each pod through the Binding subresource (a failed bind is retried).
+3. **Bind** each pod through the Binding subresource, with its record: the reservation, node,
+   GPU indices and the gang's size (`gputopo.io/*` annotations) arrive on the pod in the same
+   write (the API server copies a Binding's annotations onto the pod), so no pod is ever bound
+   without saying what was decided, and a gang whose binding stopped half way shows fewer
+   recorded pods than its recorded size. (One write a pod, where a patch then a bind took two:
+   the binder binds as many pods a second as kube-scheduler.)
+4. (A failed bind is retried; one that keeps failing undoes the placement.)
 5. **Commit** the reservation: the GPUs stay held for the gang as long as any pod that records
    it lives; when the last one ends (finished or deleted) it is released.
 
@@ -22,12 +26,13 @@ the departed member's slot of the committed reservation (same node, same GPUs), 
 closest domain around the gang's nodes that holds it (`decisions.near_selectors`).
 
 On every pass, a group with a placement that is recorded but not committed is carried forward:
-while its reservation lives and its nodes exist the remaining pods are bound and it is
-committed; otherwise it is undone: its bound pods are deleted (their controller recreates them),
-the records are removed from the unbound ones, the reservation is released, and the group is
-placed again from step 1. A Running pod is never deleted: a placement that cannot finish but
-has one is adopted instead (its bound pods kept, the rest placed next to them). A reservation
-lives at most its TTL without a commit, so no partial group outlives TTL + one pass.
+while its reservation lives, every pod of it is recorded and its nodes exist, the remaining
+pods are bound and it is committed; otherwise it is undone: its bound pods are deleted (their
+controller recreates them), the records are removed from the unbound ones, the reservation is
+released, and the group is placed again from step 1. A Running pod is never deleted: a
+placement that cannot finish but has one is adopted instead (its bound pods kept, the rest
+placed next to them). A reservation lives at most its TTL without a commit, so no partial
+group outlives TTL + one pass.
 
 Every decision is an Event on the pods; a group that cannot be placed gets `PodScheduled=False`
 with gputopo's reason and rejected domains; a malformed group input (request, minimum, gang
@@ -101,7 +106,7 @@ from scheduler.native import (
 )
 from scheduler.status import coscheduling_status, native_conditions, pod_counts
 
-__all__ = ["Binder", "BinderConfig", "pod_informer"]
+__all__ = ["Binder", "BinderConfig", "node_informer", "pod_informer"]
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +136,8 @@ class BinderConfig:
     # With a pause the steps run one pod at a time; without, each step's calls run together.
     step_pause_s: float = 0.0
     write_group_status: bool = True
+    # Groups worked on at once in a pass (their Place calls, binds and Events overlap).
+    parallel_groups: int = 8
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -158,6 +165,16 @@ def _version(pod: Mapping[str, Any]) -> int:
         return int(_meta(pod).get("resourceVersion") or 0)
     except ValueError:  # opaque to clients in principle; etcd's revisions in practice
         return 0
+
+
+def _as_bound(pod: Mapping[str, Any], record: Mapping[str, str]) -> dict[str, Any]:
+    """A pod as it is once bound with `record` (the cache catches up later)."""
+    meta = {**_meta(pod), "annotations": {**_annotations(pod), **record}}
+    return {
+        **pod,
+        "metadata": meta,
+        "spec": {**(pod.get("spec") or {}), "nodeName": record[NODE_ANNOTATION]},
+    }
 
 
 def _now() -> str:
@@ -198,6 +215,18 @@ def pod_informer(
     )
 
 
+def node_informer(kube: KubeClient) -> Informer[dict[str, Any]]:
+    """Every Node, for its name and labels: a node gone between a placement and a bind stops
+    the bind, and the labels around a gang say what is near it (no API call per question)."""
+    return Informer(
+        name="scheduler-nodes",
+        list_objects=lambda: kube.list_all("/api/v1/nodes"),
+        watch=lambda version: kube.watch_json("/api/v1/nodes", version),
+        key=lambda node: str(_meta(node).get("name", "")),
+        version=lambda node: str(_meta(node).get("resourceVersion", "")),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Pass:
     """One group as a pass sees it: its live pods and every pod (finished and deleting too)."""
@@ -224,6 +253,7 @@ class Binder:
         self.stats = stats or SchedulerStats()
         self._wake = asyncio.Event()
         self.pods = pod_informer(kube, self.config.scheduler_name, self._wake.set)
+        self.nodes = node_informer(kube)
         # Reservations known committed (or adopted after they expired): never undone.
         self._committed: set[str] = set()
         # Reservation -> uids of the pods that record it: it is released once none is live.
@@ -240,12 +270,18 @@ class Binder:
         # cached pods are older is skipped until the watch catches up, so a decision is never
         # taken twice on a stale copy.
         self._written: dict[str, int] = {}
+        # Pods this binder bound (by uid) whose cached copy may still show them unbound: their
+        # group waits for the watch, as above (a Binding answers no resource version).
+        self._bound: set[str] = set()
+        self._uuid_cache: dict[str, dict[int, str]] = {}
 
     async def run(self) -> None:
         """Keep the pod cache and run passes until cancelled."""
         informer = asyncio.create_task(self.pods.run(), name="scheduler-pods")
+        nodes = asyncio.create_task(self.nodes.run(), name="scheduler-nodes")
         try:
             await self.pods.synced.wait()
+            await self.nodes.synced.wait()
             while True:
                 self._wake.clear()
                 try:
@@ -255,9 +291,10 @@ class Binder:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=self.config.resync_s)
         finally:
-            informer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await informer
+            for task in (informer, nodes):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     # --- one pass ------------------------------------------------------------------------------
 
@@ -269,6 +306,11 @@ class Binder:
             key = group_key(pod)
             if _version(pod) < self._written.get(pod_key(pod), 0):
                 stale.add(key)
+            if _uid(pod) in self._bound:
+                if _node(pod):
+                    self._bound.discard(_uid(pod))
+                else:
+                    stale.add(key)
             group = groups.setdefault(key, _Pass(key, [], []))
             group.every.append(pod)
             if (pod.get("status") or {}).get("phase") in _DONE:
@@ -276,6 +318,7 @@ class Binder:
             if _meta(pod).get("deletionTimestamp"):
                 continue
             group.live.append(pod)
+        self._bound &= {_uid(p) for p in self.pods.cache.values()}
         return groups, stale
 
     def _wrote(self, pod: Mapping[str, Any]) -> None:
@@ -285,34 +328,42 @@ class Binder:
         """Carry recorded placements forward, grow bound gangs, place the groups that reached
         their minimum; one group's failure is that group's alone."""
         groups, stale = self._groups()
-        pending = 0
-        for key in sorted(groups):
-            if key in stale:
-                continue
-            group = groups[key]
-            try:
-                decision = await self._one_group(group)
-            except (KubeError, PlacementCallError) as err:  # transient: the next pass retries
-                log.warning("%s: %s", key, err)
-                decision = Decision(Status.ERROR, Step.ASK, str(err))
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:  # a bug or an input no check foresaw: this group only
-                log.exception("%s: failed", key)
-                self.stats.decided("error")
-                decision = Decision(Status.ERROR, Step.ASK, f"{type(err).__name__}: {err}")
-                self._retry_at[key] = time.monotonic() + self.config.retry_unplaced_s
-                with contextlib.suppress(Exception):
-                    await self._reject(key, group.live, decision, "SchedulerError")
-            if decision.status is not Status.SUCCESS:
-                pending += 1
-            with contextlib.suppress(KubeError):
-                await self._write_status(group, decision)
-        self.stats.groups_pending = pending
+        limit = asyncio.Semaphore(max(1, self.config.parallel_groups))
+
+        async def one(group: _Pass) -> bool:
+            async with limit:
+                decision = await self._guarded(group)
+                with contextlib.suppress(KubeError):
+                    await self._write_status(group, decision)
+                return decision.status is not Status.SUCCESS
+
+        waiting = await asyncio.gather(
+            *(one(groups[key]) for key in sorted(groups) if key not in stale)
+        )
+        self.stats.groups_pending = sum(waiting)
         await self._release_finished()
         for table in (self._began, self._specs, self._status, self._started, self._retry_at):
             for key in [k for k in table if k not in groups]:
                 table.pop(key, None)
+
+    async def _guarded(self, group: _Pass) -> Decision:
+        """`_one_group`, with every failure kept to this group: said, counted, retried."""
+        key = group.key
+        try:
+            return await self._one_group(group)
+        except (KubeError, PlacementCallError) as err:  # transient: the next pass retries
+            log.warning("%s: %s", key, err)
+            return Decision(Status.ERROR, Step.ASK, str(err))
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # a bug or an input no check foresaw: this group only
+            log.exception("%s: failed", key)
+            self.stats.decided("error")
+            decision = Decision(Status.ERROR, Step.ASK, f"{type(err).__name__}: {err}")
+            self._retry_at[key] = time.monotonic() + self.config.retry_unplaced_s
+            with contextlib.suppress(Exception):
+                await self._reject(key, group.live, decision, "SchedulerError")
+            return decision
 
     async def _one_group(self, group: _Pass) -> Decision:
         """Every step for one group (see the module docstring); its decision."""
@@ -489,22 +540,42 @@ class Binder:
             await asyncio.sleep(self.config.step_pause_s)
 
     async def _nodes_exist(self, pods: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether every node the pods record exists."""
         for node in sorted({_annotations(p).get(NODE_ANNOTATION, "") for p in pods}):
-            try:
-                await self.kube.get_node(node)
-            except NotFoundError:
+            if not await self._node_exists(node):
                 return False
         return True
 
-    async def _bind(self, pod: dict[str, Any]) -> bool:
+    async def _node_exists(self, node: str) -> bool:
+        """The Node cache says; an API call when it has not heard of the node (one created a
+        moment ago is not taken for gone)."""
+        if node in self.nodes.cache:
+            return True
+        try:
+            await self.kube.get_node(node)
+        except NotFoundError:
+            return False
+        return True
+
+    async def _bind(self, pod: Mapping[str, Any], record: Mapping[str, str] | None = None) -> bool:
+        """Bind a pod where its record says (`record`, written by the same call, or the one
+        it carries); True when it is bound there."""
         meta = _meta(pod)
-        node = _annotations(pod)[NODE_ANNOTATION]
+        node = (record or _annotations(pod))[NODE_ANNOTATION]
+        if not await self._node_exists(node):
+            log.warning("%s: node %s is gone; not binding there", pod_key(pod), node)
+            return False
         for attempt in range(self.config.bind_retries):
             self.stats.bind_attempts += 1
             try:
                 await self.kube.bind_pod(
-                    meta["namespace"], meta["name"], node, uid=str(meta.get("uid", ""))
+                    meta["namespace"],
+                    meta["name"],
+                    node,
+                    uid=str(meta.get("uid", "")),
+                    annotations=record,
                 )
+                self._bound.add(_uid(pod))
                 return True
             except ConflictError:
                 # Already bound (a previous life of this binder got that far): fine if there.
@@ -702,32 +773,38 @@ class Binder:
         where = assign(request, answer.result, pods)
         chosen = [p for p in pods if pod_key(p) in where]
         uuids = await self._uuids(key, [w.node for w in where.values()])
-        await self._pause()
-        recorded = await self._each(
-            chosen,
-            lambda pod: self._record(
-                pod,
-                record_annotations(
-                    rid, where[pod_key(pod)], len(chosen), uuids.get(where[pod_key(pod)].node)
-                ),
-            ),
-        )
-        self._holders.setdefault(rid, set()).update(_uid(p) for p in recorded)
+        records = {
+            pod_key(p): record_annotations(
+                rid, where[pod_key(p)], len(chosen), uuids.get(where[pod_key(p)].node)
+            )
+            for p in chosen
+        }
+        self._holders.setdefault(rid, set()).update(_uid(p) for p in chosen)
         log.info("%s: reserved %s on %s", key, rid, sorted({w.node for w in where.values()}))
-        return await self._bind_unit(key, rid, recorded)
+        await self._pause()
+        done = await self._each(chosen, lambda pod: self._bind(pod, records[pod_key(pod)]))
+        bound = [
+            _as_bound(p, records[pod_key(p)]) for p, ok in zip(chosen, done, strict=True) if ok
+        ]
+        if len(bound) < len(chosen):
+            failed = [pod_key(p) for p, ok in zip(chosen, done, strict=True) if not ok]
+            why = f"pod(s) {', '.join(failed)} could not be bound (deleted or refused)"
+            await self._undo(key, bound, rid, why=why)
+            return Decision(Status.UNSCHEDULABLE, Step.UNDO, why)
+        await self._pause()
+        await self._commit(key, rid, bound, newly=bound)
+        return Decision(Status.SUCCESS, Step.KEEP, "bound")
 
     async def _uuids(self, key: GroupKey, nodes: Iterable[str]) -> dict[str, dict[int, str]]:
-        try:
-            return await self.placement.gpu_uuids(sorted(set(nodes)))
-        except PlacementCallError as err:  # the UUIDs are for people; indices suffice to bind
-            log.warning("%s: no GPU UUIDs (%s); recording indices only", key, err)
-            return {}
-
-    async def _record(self, pod: Mapping[str, Any], record: Mapping[str, str]) -> dict[str, Any]:
-        meta = _meta(pod)
-        now = await self.kube.patch_pod_annotations(meta["namespace"], meta["name"], record)
-        self._wrote(now)
-        return now
+        """GPU UUIDs of nodes, asked once a node (a GPU swap restarts the node's exporter and
+        rarely the binder; the UUIDs are for people, the indices are what binds)."""
+        wanted = sorted(set(nodes) - set(self._uuid_cache))
+        if wanted:
+            try:
+                self._uuid_cache.update(await self.placement.gpu_uuids(wanted))
+            except PlacementCallError as err:
+                log.warning("%s: no GPU UUIDs (%s); recording indices only", key, err)
+        return {n: self._uuid_cache[n] for n in nodes if n in self._uuid_cache}
 
     async def _domain_selectors(
         self,
@@ -835,17 +912,14 @@ class Binder:
             gpus = pod_gpus(pod)
             name = self._request_group(request, pod)
             slot = next((s for s in slots if s[1].group == name and len(s[1].gpus) == gpus), None)
-            if slot is not None and await self._nodes_exist(
-                [{"metadata": {"annotations": {NODE_ANNOTATION: slot[1].node}}}]
-            ):
+            if slot is not None and await self._node_exists(slot[1].node):
                 slots.remove(slot)
                 rid, where, size = slot
                 uuids = await self._uuids(key, [where.node])
-                now = await self._record(
-                    pod, record_annotations(rid, where, size, uuids.get(where.node))
-                )
-                self._holders.setdefault(rid, set()).add(_uid(now))
-                if await self._bind(now):
+                record = record_annotations(rid, where, size, uuids.get(where.node))
+                self._holders.setdefault(rid, set()).add(_uid(pod))
+                if await self._bind(pod, record):
+                    now = _as_bound(pod, record)
                     self.stats.decided("grown")
                     await self._event(
                         now,
@@ -864,9 +938,10 @@ class Binder:
             rid = answer.reservation.id
             where = answer.result.pods[0]
             uuids = await self._uuids(key, [where.node])
-            now = await self._record(pod, record_annotations(rid, where, 1, uuids.get(where.node)))
-            self._holders.setdefault(rid, set()).add(_uid(now))
-            if await self._bind(now):
+            record = record_annotations(rid, where, 1, uuids.get(where.node))
+            self._holders.setdefault(rid, set()).add(_uid(pod))
+            if await self._bind(pod, record):
+                now = _as_bound(pod, record)
                 await self._commit(key, rid, [now], newly=[now])
                 self.stats.decided("grown")
             # a failed bind is carried forward (and undone) by the next pass
@@ -934,19 +1009,11 @@ class Binder:
 
     async def _gang_labels(self, pods: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
         """The labels of the node of each bound pod (one entry per pod)."""
-        cache: dict[str, dict[str, str]] = {}
         out = []
         for pod in pods:
-            node = _node(pod)
-            if not node:
-                continue
-            if node not in cache:
-                try:
-                    obj = await self.kube.get_node(node)
-                except NotFoundError:
-                    continue
-                cache[node] = dict(obj.labels)
-            out.append(cache[node])
+            node = self.nodes.cache.get(_node(pod))
+            if node is not None:
+                out.append(dict(_meta(node).get("labels") or {}))
         return out
 
     # --- group status --------------------------------------------------------------------------

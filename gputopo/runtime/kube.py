@@ -557,14 +557,26 @@ class KubeClient:
         )
         return result
 
-    async def bind_pod(self, namespace: str, name: str, node: str, *, uid: str = "") -> None:
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        node: str,
+        *,
+        uid: str = "",
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
         """Bind a Pod to a node through the Binding subresource (409 when already bound).
 
         With `uid` the bind applies only to that incarnation of the pod, so a pod deleted and
-        recreated under the same name is never bound by a stale decision."""
+        recreated under the same name is never bound by a stale decision. `annotations` are
+        set on the pod by the same write (the API server copies a Binding's annotations onto
+        the pod it binds), so a pod is never bound without them."""
         meta: dict[str, Any] = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid
+        if annotations:
+            meta["annotations"] = dict(annotations)
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
