@@ -219,8 +219,10 @@ class ReservationBook:
             if r.expires_at is not None and r.expires_at <= now
         ]
         for r in gone:
+            # A change listener may read the book, expiring the rest of `gone` re-entrantly.
+            if self._reservations.pop(r.id, None) is None:
+                continue
             self.store.delete(r.id)
-            del self._reservations[r.id]
             self._unhold(r)
             self._on_change(r.gpus)
         return len(gone)
