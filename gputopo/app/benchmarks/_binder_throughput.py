@@ -258,15 +258,11 @@ async def _clear(kube: Any, ns: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _binder_running(
-    kube: Any, kubeconfig: str, nodes: Sequence[Any], *, name: str
-) -> AsyncIterator[None]:
-    """An aggregator with the nodes' simulated exporters, and the binder."""
+async def _simulated_nodes(kube: Any, kubeconfig: str, nodes: Sequence[Any]) -> AsyncIterator[Any]:
+    """An aggregator with the nodes' simulated exporters: the placement service the binder asks
+    (it runs through every setup, so each finds the same process load beside it)."""
     from aggregator.server import Aggregator, AggregatorConfig, KubeOptions
     from exporter.simulate import SimulatedExporters
-    from gputopo.runtime import grpcio
-    from gputopo.runtime.placement_client import PlacementClient
-    from scheduler.binder import Binder, BinderConfig
 
     agg_kube = type(kube).from_kubeconfig(kubeconfig)
     agg = Aggregator(
@@ -286,22 +282,63 @@ async def _binder_running(
             await sim.wait_acked(timeout_s=120)
             if agg.pods is not None:
                 await agg.pods.synced.wait()
-            binder_kube = type(kube).from_kubeconfig(kubeconfig, workers=8)
-            async with grpcio.channel(agg.grpc_target) as channel:
-                config = BinderConfig(scheduler_name=name, undo_grace_s=0, retry_unplaced_s=1.0)
-                binder = Binder(binder_kube, PlacementClient(channel), config)
-                task = asyncio.create_task(binder.run())
-                try:
-                    await binder.pods.synced.wait()
-                    yield
-                finally:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-                    binder_kube.close()
+            yield agg
     finally:
         await agg.stop(grace_s=0.1)
         agg_kube.close()
+
+
+@contextlib.asynccontextmanager
+async def _binder_process(
+    kubeconfig: str, target: str, *, name: str, workdir: Path
+) -> AsyncIterator[None]:
+    """`gputopo scheduler` in its own process, as it runs in a cluster (kube-scheduler runs in
+    its own too), ready (its pod cache synced) before the stream starts."""
+    import subprocess
+    import urllib.request
+
+    from gputopo.app.benchmarks._binder_kube import _free_port, stop_process
+
+    port = _free_port()
+    args = [
+        sys.executable,
+        "-m",
+        "gputopo",
+        "scheduler",
+        f"--kubeconfig={kubeconfig}",
+        f"--aggregator={target}",
+        f"--scheduler-name={name}",
+        "--no-leader-election",
+        "--undo-grace=0",
+        "--http-host=127.0.0.1",
+        f"--http-port={port}",
+        "--insecure",
+    ]
+    log_path = workdir / f"binder-{name}.log"
+
+    def start() -> subprocess.Popen[bytes]:
+        with log_path.open("wb") as log:
+            return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+
+    proc = await asyncio.to_thread(start)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"gputopo scheduler exited; see {log_path}")
+            try:
+                url = f"http://127.0.0.1:{port}/readyz"
+                with await asyncio.to_thread(urllib.request.urlopen, url, timeout=1) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"gputopo scheduler never became ready; see {log_path}")
+            await asyncio.sleep(0.2)
+        yield
+    finally:
+        await asyncio.to_thread(stop_process, proc)
 
 
 async def measure_throughput(
@@ -351,24 +388,28 @@ async def measure_throughput(
             )
         )
         with tempfile.TemporaryDirectory(prefix="gputopo-bench-throughput-") as tmp:
-            for setup in setups:
-                name = f"{pool}-{setup[:3]}"
-                run = _one_setup(
-                    kube,
-                    setup,
-                    ns=name,
-                    pool=pool,
-                    scheduler=name,
-                    stream=stream,
-                    timeout_s=timeout_s,
-                )
-                if setup == "binder":
-                    async with _binder_running(kube, kubeconfig, nodes, name=name):
-                        out["setups"][setup] = await run
-                else:
-                    assert binary is not None
-                    with kube_scheduler(binary, kubeconfig, Path(tmp), name=name):
-                        out["setups"][setup] = await run
+            async with _simulated_nodes(kube, kubeconfig, nodes) as agg:
+                for setup in setups:
+                    name = f"{pool}-{setup[:3]}"
+                    run = _one_setup(
+                        kube,
+                        setup,
+                        ns=name,
+                        pool=pool,
+                        scheduler=name,
+                        stream=stream,
+                        timeout_s=timeout_s,
+                    )
+                    if setup == "binder":
+                        target = agg.grpc_target
+                        async with _binder_process(
+                            kubeconfig, target, name=name, workdir=Path(tmp)
+                        ):
+                            out["setups"][setup] = await run
+                    else:
+                        assert binary is not None
+                        with kube_scheduler(binary, kubeconfig, Path(tmp), name=name):
+                            out["setups"][setup] = await run
     finally:
         for node in nodes:
             with contextlib.suppress(Exception):
