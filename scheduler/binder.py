@@ -116,6 +116,9 @@ _DONE = frozenset({"Succeeded", "Failed"})
 _UNRESOLVABLE_BACKOFF = 6.0
 # How often API discovery is asked again for the native group API (it changes on upgrades).
 _DISCOVERY_S = 60.0
+# A group object read this long ago is used again (a gang below its minimum is looked at on
+# every pass; minMember edits are seen this much later).
+_SPEC_S = 2.0
 # Domains of a topology key tried per placement at most (one dry-run Place each).
 _MAX_DOMAINS = 64
 
@@ -136,7 +139,8 @@ class BinderConfig:
     # With a pause the steps run one pod at a time; without, each step's calls run together.
     step_pause_s: float = 0.0
     write_group_status: bool = True
-    # Groups worked on at once in a pass (their Place calls, binds and Events overlap).
+    # Groups worked on at once (their Place calls, binds and Events overlap). A group's work
+    # runs beside the passes: a pass starts the groups that need work and does not wait.
     parallel_groups: int = 8
 
 
@@ -227,6 +231,9 @@ def node_informer(kube: KubeClient) -> Informer[dict[str, Any]]:
     )
 
 
+_SETTLED = Decision(Status.SUCCESS, Step.KEEP, "bound")
+
+
 @dataclass(frozen=True, slots=True)
 class _Pass:
     """One group as a pass sees it: its live pods and every pod (finished and deleting too)."""
@@ -262,6 +269,7 @@ class Binder:
         self._retry_at: dict[GroupKey, float] = {}
         self._said: dict[GroupKey, str] = {}  # last message told to a group's pods
         self._specs: dict[GroupKey, tuple[GroupSpec, dict[str, Any]]] = {}
+        self._spec_at: dict[GroupKey, float] = {}
         self._status: dict[GroupKey, str] = {}  # last group status written
         self._started: dict[GroupKey, str] = {}  # coscheduling scheduleStartTime
         self._native: NativeApi | None = None
@@ -273,6 +281,10 @@ class Binder:
         # Pods this binder bound (by uid) whose cached copy may still show them unbound: their
         # group waits for the watch, as above (a Binding answers no resource version).
         self._bound: set[str] = set()
+        self._inflight: dict[GroupKey, asyncio.Task[None]] = {}
+        self._pending: set[GroupKey] = set()
+        self._skipped: set[GroupKey] = set()  # in flight when a pass wanted to look at them
+        self._limit = asyncio.Semaphore(max(1, self.config.parallel_groups))
         self._uuid_cache: dict[str, dict[int, str]] = {}
 
     async def run(self) -> None:
@@ -291,7 +303,7 @@ class Binder:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=self.config.resync_s)
         finally:
-            for task in (informer, nodes):
+            for task in (informer, nodes, *self._inflight.values()):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -325,26 +337,61 @@ class Binder:
         self._written[pod_key(pod)] = _version(pod)
 
     async def run_pass(self) -> None:
-        """Carry recorded placements forward, grow bound gangs, place the groups that reached
-        their minimum; one group's failure is that group's alone."""
+        """Start work on every group that needs some (carry a recorded placement forward, grow
+        a bound gang, place a gang that reached its minimum), write the status of the settled
+        ones, release what no pod holds any more. One group's failure is that group's alone."""
         groups, stale = self._groups()
-        limit = asyncio.Semaphore(max(1, self.config.parallel_groups))
+        for key in sorted(groups):
+            group = groups[key]
+            if key in self._inflight:
+                self._skipped.add(key)
+                continue
+            if key in stale:
+                continue
+            if self._settled(group):
+                self._pending.discard(key)
+                with contextlib.suppress(KubeError):
+                    await self._write_status(group, _SETTLED)
+                continue
+            self._inflight[key] = asyncio.create_task(self._work(group), name=f"group {key}")
+        self._pending &= set(groups)
+        self.stats.groups_pending = len(self._pending)
+        await self._release_finished()
+        tables = (self._began, self._specs, self._spec_at, self._status, self._started)
+        for table in (*tables, self._retry_at):
+            for key in [k for k in table if k not in groups and k not in self._inflight]:
+                table.pop(key, None)
 
-        async def one(group: _Pass) -> bool:
-            async with limit:
+    async def drain(self) -> None:
+        """Wait for the work the passes started (tests, and a clean stop)."""
+        while self._inflight:
+            await asyncio.gather(*self._inflight.values(), return_exceptions=True)
+
+    def _settled(self, group: _Pass) -> bool:
+        """Every live pod bound and every placement it records committed: nothing to do."""
+        for pod in group.live:
+            if not _node(pod):
+                return False
+            rid = _annotations(pod).get(RESERVATION_ANNOTATION)
+            if rid and rid not in self._committed:
+                return False
+        return True
+
+    async def _work(self, group: _Pass) -> None:
+        try:
+            async with self._limit:
                 decision = await self._guarded(group)
+                if decision.status is Status.SUCCESS:
+                    self._pending.discard(group.key)
+                else:
+                    self._pending.add(group.key)
                 with contextlib.suppress(KubeError):
                     await self._write_status(group, decision)
-                return decision.status is not Status.SUCCESS
-
-        waiting = await asyncio.gather(
-            *(one(groups[key]) for key in sorted(groups) if key not in stale)
-        )
-        self.stats.groups_pending = sum(waiting)
-        await self._release_finished()
-        for table in (self._began, self._specs, self._status, self._started, self._retry_at):
-            for key in [k for k in table if k not in groups]:
-                table.pop(key, None)
+        finally:
+            self._inflight.pop(group.key, None)
+            if group.key in self._skipped:  # a pass passed it by: look again now, not at resync
+                self._skipped.discard(group.key)
+                self._wake.set()
 
     async def _guarded(self, group: _Pass) -> Decision:
         """`_one_group`, with every failure kept to this group: said, counted, retried."""
@@ -708,6 +755,9 @@ class Binder:
         """The group's spec from its object (None: the object is not there, said once)."""
         if key.kind == "pod":
             return spec_of_lone_pod(pods[0])
+        known = self._specs.get(key)
+        if known is not None and time.monotonic() - self._spec_at.get(key, 0.0) < _SPEC_S:
+            return known[0]
         if key.kind == "podgroup":
             path: str | None = COSCHEDULING_PATH.format(
                 ns=quote(key.namespace), name=quote(key.name)
@@ -744,6 +794,7 @@ class Binder:
         else:
             spec = spec_from_workload_v1alpha1(obj, key)
         self._specs[key] = (spec, obj)
+        self._spec_at[key] = time.monotonic()
         return spec
 
     def _ttl(self, spec: GroupSpec) -> float:
