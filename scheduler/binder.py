@@ -116,6 +116,8 @@ _DONE = frozenset({"Succeeded", "Failed"})
 _UNRESOLVABLE_BACKOFF = 6.0
 # How often API discovery is asked again for the native group API (it changes on upgrades).
 _DISCOVERY_S = 60.0
+# Events closer together than this share one pass.
+_COALESCE_S = 0.01
 # A group object read this long ago is used again (a gang below its minimum is looked at on
 # every pass; minMember edits are seen this much later).
 _SPEC_S = 2.0
@@ -200,7 +202,9 @@ def _age_s(pods: Iterable[Mapping[str, Any]]) -> float:
 
 
 def pod_informer(
-    kube: KubeClient, scheduler_name: str, on_change: Callable[[], None] = lambda: None
+    kube: KubeClient,
+    scheduler_name: str,
+    on_change: Callable[[dict[str, Any]], None] = lambda pod: None,
 ) -> Informer[dict[str, Any]]:
     """Every pod that names this scheduler, bound or not (restart-safety reads bound ones too)."""
     query = {"fieldSelector": f"spec.schedulerName={scheduler_name}"}
@@ -214,8 +218,8 @@ def pod_informer(
         watch=lambda version: kube.watch_json("/api/v1/pods", version, query=query),
         key=key,
         version=lambda pod: str(_meta(pod).get("resourceVersion", "")),
-        on_upsert=lambda obj, relisted: on_change(),
-        on_delete=lambda obj: on_change(),
+        on_upsert=lambda obj, relisted: on_change(obj),
+        on_delete=on_change,
     )
 
 
@@ -259,7 +263,12 @@ class Binder:
         self.config = config or BinderConfig()
         self.stats = stats or SchedulerStats()
         self._wake = asyncio.Event()
-        self.pods = pod_informer(kube, self.config.scheduler_name, self._wake.set)
+        self.pods = pod_informer(kube, self.config.scheduler_name, self._touch)
+        # Groups whose pods changed since the last pass: a pass looks only at those (and at
+        # every group once per `resync_s`), so a burst of pod events costs what it touches, not
+        # a walk over every group per event.
+        self._dirty: set[GroupKey] = set()
+        self._full_at = 0.0
         self.nodes = node_informer(kube)
         # Reservations known committed (or adopted after they expired): never undone.
         self._committed: set[str] = set()
@@ -296,6 +305,7 @@ class Binder:
             await self.pods.synced.wait()
             await self.nodes.synced.wait()
             while True:
+                await asyncio.sleep(_COALESCE_S)  # one pass for a burst of events
                 self._wake.clear()
                 try:
                     await self.run_pass()
@@ -310,6 +320,10 @@ class Binder:
                     await task
 
     # --- one pass ------------------------------------------------------------------------------
+
+    def _touch(self, pod: Mapping[str, Any]) -> None:
+        self._dirty.add(group_key(pod))
+        self._wake.set()
 
     def _groups(self) -> tuple[dict[GroupKey, _Pass], set[GroupKey]]:
         """Pods by group, and the groups whose cached copies lag this binder's writes."""
@@ -342,12 +356,19 @@ class Binder:
         a bound gang, place a gang that reached its minimum), write the status of the settled
         ones, release what no pod holds any more. One group's failure is that group's alone."""
         groups, stale = self._groups()
-        for key in sorted(groups):
+        now = time.monotonic()
+        full = now >= self._full_at
+        if full:
+            self._full_at = now + self.config.resync_s
+        look = set(groups) if full else self._dirty & set(groups)
+        self._dirty -= look
+        for key in sorted(look):
             group = groups[key]
             if key in self._inflight:
                 self._skipped.add(key)
                 continue
             if key in stale:
+                self._dirty.add(key)  # looked at again once the watch caught up
                 continue
             if self._settled(group):
                 self._pending.discard(key)
@@ -392,6 +413,7 @@ class Binder:
             self._inflight.pop(group.key, None)
             if group.key in self._skipped:  # a pass passed it by: look again now, not at resync
                 self._skipped.discard(group.key)
+                self._dirty.add(group.key)
                 self._wake.set()
 
     async def _guarded(self, group: _Pass) -> Decision:
