@@ -367,7 +367,9 @@ class Binder:
             if key in self._inflight:
                 self._skipped.add(key)
                 continue
-            if key in stale:
+            # Stale at the snapshot, or since: work on this group may have ended during this
+            # pass (the awaits above), leaving its writes newer than the snapshot.
+            if key in stale or self._lagging(group):
                 self._dirty.add(key)  # looked at again once the watch caught up
                 continue
             if self._settled(group):
@@ -388,6 +390,15 @@ class Binder:
         """Wait for the work the passes started (tests, and a clean stop)."""
         while self._inflight:
             await asyncio.gather(*self._inflight.values(), return_exceptions=True)
+
+    def _lagging(self, group: _Pass) -> bool:
+        """Whether this binder wrote any of the group's pods after the copies in `group`."""
+        for pod in group.every:
+            if _version(pod) < self._written.get(pod_key(pod), 0):
+                return True
+            if _uid(pod) in self._bound and not _node(pod):
+                return True
+        return False
 
     def _settled(self, group: _Pass) -> bool:
         """Every live pod bound and every placement it records committed: nothing to do."""

@@ -339,6 +339,12 @@ async def _binder_process(
         yield
     finally:
         await asyncio.to_thread(stop_process, proc)
+        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        trouble = [line for line in lines if " WARNING " in line or " ERROR " in line]
+        if trouble:
+            _progress(f"binder: {len(trouble)} warning(s); the last ones:")
+            for line in [*trouble[:5], *trouble[-5:]] if len(trouble) > 10 else trouble:
+                _progress(f"  {line[:300]}")
 
 
 async def measure_throughput(
