@@ -143,7 +143,7 @@ class BinderConfig:
     write_group_status: bool = True
     # Groups worked on at once (their Place calls, binds and Events overlap). A group's work
     # runs beside the passes: a pass starts the groups that need work and does not wait.
-    parallel_groups: int = 8
+    parallel_groups: int = 16
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -219,8 +219,8 @@ class KubeClient:
         return cls(api, workers=workers)
 
     @classmethod
-    def in_cluster(cls) -> KubeClient:
-        """From the pod's service account."""
+    def in_cluster(cls, *, workers: int = 4) -> KubeClient:
+        """From the pod's service account; `workers` calls at once at most."""
         configuration = k8s.Configuration()
         try:
             k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
@@ -228,7 +228,8 @@ class KubeClient:
             )
         except Exception as err:  # not in a pod, or no service account mounted
             raise KubeError(0, f"no in-cluster configuration (not in a pod?): {err}") from None
-        return cls(k8s.ApiClient(configuration))
+        configuration.connection_pool_maxsize = max(workers, 4)
+        return cls(k8s.ApiClient(configuration), workers=workers)
 
     def close(self) -> None:
         """Release connections and threads."""
