@@ -27,6 +27,7 @@ each with the GPUs its containers ask for, within the topology key's domain when
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -167,11 +168,11 @@ def _whole(value: Any, field: str, *, minimum: int = 0) -> int:
     fractions are refused (YAML `true` is an int to Python; `2.5` pods is no count)."""
     if isinstance(value, bool):
         raise RequestError(field, f"must be an integer, not {value!r}")
-    if isinstance(value, int):
-        number = value
-    elif isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-        number = int(value.strip())
-    else:
+    number: int | None = value if isinstance(value, int) else None
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):  # int(): "¹" passes str.isdigit(), is no integer
+            number = int(value)
+    if number is None:
         raise RequestError(field, f"must be an integer, not {value!r}"[:200])
     if not minimum <= number <= _MAX_INT32:
         raise RequestError(field, f"must be between {minimum} and {_MAX_INT32}, not {number}")

@@ -67,7 +67,7 @@ REQUEST_TEXT = st.one_of(
 # The kinds of malformed value the fuzzing below refuses, for the API-server test.
 MALFORMED: dict[str, list[str]] = {
     "gputopo.io/request": ["{", "[1, 2]", "groups: 7", '{"groups": [{"pods": "x"}]}', "- -"],
-    SIZE_ANNOTATION: ["", "abc", "0", "-3", "2.5", "99999999999", "true"],
+    SIZE_ANNOTATION: ["", "abc", "0", "-3", "2.5", "99999999999", "true", "¹"],
 }
 
 
