@@ -1,7 +1,8 @@
-"""The gang-binding scheduler (not implemented yet).
+"""The gang binder (`gputopo scheduler`): binds the pods that name it a whole group at a time
+where gputopo placed them, and keeps the group semantics users rely on.
 
-Planned (DESIGN.md): watch pods with gputopo's schedulerName, group them by pod group, wait for
-the group's minimum, ask the aggregator's Placement API for a placement, and bind every pod or
-none, recording the chosen GPUs on each pod and emitting Events that explain the decision.
-No open issue covers it yet; this package only reserves the name in the layout.
+Modules: `binder` (the passes and the steps), `decisions` (what to do, typed as kube-scheduler's
+statuses, pure), `groups` (which pods form a gang and what it asks, pure), `native` (which native
+Workload API version the server serves), `status` (group status, pure), `server` (the process),
+`metrics`. README "The gang binder" says what it does.
 """
