@@ -253,7 +253,9 @@ class ReservationBook:
             if r.expires_at is not None and r.expires_at <= now
         ]
         for r in gone:
-            del self._reservations[r.id]
+            # A change listener may read the book, expiring the rest of `gone` re-entrantly.
+            if self._reservations.pop(r.id, None) is None:
+                continue
             self._unhold(r)
             self._on_change(r.gpus)
         return len(gone)

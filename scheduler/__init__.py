@@ -1,8 +1,10 @@
-"""The gang binder: binds a pod group's pods all together, or none, where the aggregator placed it.
+"""The gang binder (`gputopo scheduler`): binds the pods that name it a whole group at a time
+where gputopo placed them, and keeps the group semantics users rely on.
 
-It watches pods with gputopo's schedulerName, groups them by pod group (`scheduler.groups`),
-waits for the group's minimum, asks the aggregator's Placement API for a placement, records the
-chosen GPUs on each pod and binds every pod or none, emitting Events that explain the decision
-(`scheduler.binder`); `scheduler.server` runs it behind a Lease (`gputopo scheduler`). Design:
-the repository's README ("The gang binder").
+Modules: `binder` (the passes and the steps), `decisions` (what to do, typed as kube-scheduler's
+statuses, pure), `groups` (which pods form a gang and what it asks, pure), `native` (which native
+Workload API version the server serves), `status` (group status, pure), `server` (the process),
+`metrics`, `fitness` (kube-scheduler's node filters over the Nodes and bound Pods it watches),
+`dra` (allocating a pod's GPU ResourceClaims before the Binding), `preflight` (what the process
+needs from the cluster, checked at start). README "The gang binder" says what it does.
 """

@@ -6,11 +6,18 @@ A group comes from what users already write, in this order:
 1. the coscheduling `PodGroup` (`scheduling.x-k8s.io/v1alpha1`, scheduler-plugins): pods carry
    the label `scheduling.x-k8s.io/pod-group: NAME`, the PodGroup's `spec.minMember` is the gang's
    minimum (CRD: scheduler-plugins `config/crd/bases/scheduling.x-k8s.io_podgroups.yaml`);
-2. the native `scheduling.k8s.io/v1beta1` PodGroup (Kubernetes 1.35+ Workload API): pods carry
+2. the native `PodGroup` of `scheduling.k8s.io` (Kubernetes 1.36 serves it as v1alpha2, 1.37 as
+   v1beta1; the binder finds which by API discovery, `scheduler/native.py`): pods carry
    `spec.schedulingGroup.podGroupName`, the minimum is `spec.schedulingPolicy.gang.minCount` and
-   `spec.schedulingConstraints.topology[0].key` names the domain every pod must share (field
-   names from k8s.io/api `scheduling/v1beta1/types.go`);
-3. otherwise a pod is a group of one.
+   `spec.schedulingConstraints.topology[0].key` names the node label whose value every pod must
+   share (field names from k8s.io/api `scheduling/v1beta1/types.go`);
+3. the 1.35 `Workload` (`scheduling.k8s.io/v1alpha1`, no PodGroup object yet): pods carry
+   `spec.workloadRef {name, podGroup, podGroupReplicaKey}`, the minimum is the named entry of
+   the Workload's `spec.podGroups[].policy.gang.minCount`, one gang per replica key;
+4. otherwise a pod is a group of one.
+
+Every value read from a user-writable object is checked here: a malformed one raises
+`RequestError` naming the field, so the binder refuses that group with an Event and goes on.
 
 The communication graph is the group object's `gputopo.io/request` annotation (a lone pod's own),
 in the schema of `gputopo place --request`; pods say which of its groups they fill with the label
@@ -20,6 +27,8 @@ each with the GPUs its containers ask for, within the topology key's domain when
 
 from __future__ import annotations
 
+import contextlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -41,6 +50,7 @@ __all__ = [
     "COSCHEDULING_LABEL",
     "GPUS_ANNOTATION",
     "GROUP_LABEL",
+    "HOSTNAME_KEY",
     "NODE_ANNOTATION",
     "RECORD_KEYS",
     "REQUEST_ANNOTATION",
@@ -52,16 +62,18 @@ __all__ = [
     "assign",
     "build_request",
     "explain_rejections",
+    "gang_size",
     "group_key",
     "missing",
     "pod_gpus",
     "pod_key",
     "record_annotations",
-    "scope_of_topology_key",
     "spec_from_coscheduling",
     "spec_from_native",
+    "spec_from_workload_v1alpha1",
     "spec_of_lone_pod",
     "stray_label",
+    "topology_scope",
 ]
 
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
@@ -85,20 +97,16 @@ RECORD_KEYS: tuple[str, ...] = (
 GPU_RESOURCES = ("nvidia.com/gpu",)
 _DEFAULT_GROUP = "pods"
 
-# A topology key (a node label) -> the scope gputopo checks. Keys gputopo publishes itself
-# (`gputopo.io/leaf`, ...) and the well-known ones; anything else is treated as a node label
-# gputopo cannot reason about and asked as a node selector-free preference for the cluster.
-_TOPOLOGY_SCOPES = {
-    "kubernetes.io/hostname": Scope.NODE,
-    "topology.kubernetes.io/zone": Scope.ZONE,
-    "topology.kubernetes.io/rack": Scope.LEAF,
-    "topology.kubernetes.io/block": Scope.SPINE,
-    "gputopo.io/nvlink-domain": Scope.NVLINK,
-    "nvidia.com/gpu.clique": Scope.NVLINK,
-    "gputopo.io/leaf": Scope.LEAF,
-    "gputopo.io/spine": Scope.SPINE,
-    "gputopo.io/core": Scope.CORE,
-}
+# A topology key is a node label and its domains are that label's values (the upstream
+# contract: "key specifies the key of the node label representing the topology domain"). The
+# binder places such a gang once per value with a node selector (`scheduler/binder.py`); only
+# the hostname key, whose domains are exactly single nodes, maps onto a placement scope.
+HOSTNAME_KEY = "kubernetes.io/hostname"
+# k8s-label-key: an optional DNS-subdomain prefix and a name of <= 63 characters.
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Kubernetes caps an int32 field; a gang of more pods than this is a typo, not a job.
+_MAX_INT32 = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -121,6 +129,9 @@ class GroupSpec:
     minimum: int
     request_text: str = ""
     topology_key: str = ""
+    # coscheduling `spec.scheduleTimeoutSeconds`: how long the gang may wait for its minimum
+    # and a placement before its waiting pods are told it timed out (None: no limit).
+    timeout_s: float | None = None
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -139,66 +150,176 @@ def group_key(pod: Mapping[str, Any]) -> GroupKey:
     label = (meta.get("labels") or {}).get(COSCHEDULING_LABEL)
     if label:
         return GroupKey(namespace, "podgroup", str(label))
-    native = ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
+    spec = pod.get("spec") or {}
+    native = (spec.get("schedulingGroup") or {}).get("podGroupName")
     if native:
         return GroupKey(namespace, "workload", str(native))
+    ref = spec.get("workloadRef") or {}
+    if ref.get("name") and ref.get("podGroup"):
+        parts = [str(ref["name"]), str(ref["podGroup"])]
+        if ref.get("podGroupReplicaKey"):
+            parts.append(str(ref["podGroupReplicaKey"]))
+        return GroupKey(namespace, "workloadref", "/".join(parts))
     return GroupKey(namespace, "pod", str(meta.get("name", "")))
 
 
-def pod_gpus(pod: Mapping[str, Any]) -> int:
-    """GPUs a pod's containers ask for (limits, else requests), as the device plugin counts."""
-    total = 0
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        res = container.get("resources") or {}
+def _whole(value: Any, field: str, *, minimum: int = 0) -> int:
+    """An integer field of a user-writable object, or `RequestError` naming it. Booleans and
+    fractions are refused (YAML `true` is an int to Python; `2.5` pods is no count)."""
+    if isinstance(value, bool):
+        raise RequestError(field, f"must be an integer, not {value!r}")
+    number: int | None = value if isinstance(value, int) else None
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):  # int(): "¹" passes str.isdigit(), is no integer
+            number = int(value)
+    if number is None:
+        raise RequestError(field, f"must be an integer, not {value!r}"[:200])
+    if not minimum <= number <= _MAX_INT32:
+        raise RequestError(field, f"must be between {minimum} and {_MAX_INT32}, not {number}")
+    return number
+
+
+def _container_gpus(containers: Any, field: str) -> list[int]:
+    out = []
+    for i, container in enumerate(containers or []):
+        res = (container or {}).get("resources") or {}
+        gpus = 0
         for name in GPU_RESOURCES:
-            value = (res.get("limits") or {}).get(name, (res.get("requests") or {}).get(name, 0))
-            try:
-                total += int(str(value))
-            except ValueError:
-                continue
-    return total
+            limits, requests = res.get("limits") or {}, res.get("requests") or {}
+            if name in limits:
+                gpus += _whole(str(limits[name]), f"{field}[{i}].resources.limits[{name}]")
+            elif name in requests:
+                gpus += _whole(str(requests[name]), f"{field}[{i}].resources.requests[{name}]")
+        out.append(gpus)
+    return out
+
+
+def pod_gpus(pod: Mapping[str, Any]) -> int:
+    """GPUs a pod asks for, as Kubernetes counts a pod's request: the larger of the sum over
+    its containers and the largest init container (init containers run one at a time, before
+    the others). Limits, else requests, as the device plugin counts. A value that is not a
+    whole number raises `RequestError` naming the container's field."""
+    spec = pod.get("spec") or {}
+    regular = sum(_container_gpus(spec.get("containers"), "spec.containers"))
+    init = _container_gpus(spec.get("initContainers"), "spec.initContainers")
+    return max(regular, max(init, default=0))
+
+
+def _annotation(obj: Mapping[str, Any], key: str) -> str:
+    value = (_meta(obj).get("annotations") or {}).get(key, "")
+    if not isinstance(value, str):
+        raise RequestError(f"metadata.annotations[{key}]", "must be a string")
+    return value
+
+
+def _timeout(spec: Mapping[str, Any]) -> float | None:
+    value = spec.get("scheduleTimeoutSeconds")
+    if value is None:
+        return None
+    return float(_whole(value, "spec.scheduleTimeoutSeconds", minimum=1))
 
 
 def spec_from_coscheduling(obj: Mapping[str, Any]) -> GroupSpec:
-    """A scheduler-plugins PodGroup: `spec.minMember` (default 1)."""
+    """A scheduler-plugins PodGroup: `spec.minMember` (default 1; scheduler-plugins treats 0 as
+    1 too) and `spec.scheduleTimeoutSeconds`."""
     meta = _meta(obj)
+    spec = obj.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        raise RequestError("spec", "must be an object")
     key = GroupKey(str(meta.get("namespace", "")), "podgroup", str(meta.get("name", "")))
-    minimum = int((obj.get("spec") or {}).get("minMember") or 1)
-    text = str((meta.get("annotations") or {}).get(REQUEST_ANNOTATION, ""))
-    return GroupSpec(key, max(minimum, 1), text)
+    raw = spec.get("minMember")
+    minimum = 1 if raw is None else _whole(raw, "spec.minMember")
+    text = _annotation(obj, REQUEST_ANNOTATION)
+    return GroupSpec(key, max(minimum, 1), text, timeout_s=_timeout(spec))
+
+
+def _gang_minimum(policy: Any, field: str) -> int:
+    """`gang.minCount` of a scheduling policy; a `basic` policy is a gang of one."""
+    if not isinstance(policy, Mapping):
+        raise RequestError(field, "must be an object with basic or gang")
+    gang = policy.get("gang")
+    if gang is None:
+        return 1
+    if not isinstance(gang, Mapping):
+        raise RequestError(f"{field}.gang", "must be an object")
+    return _whole(gang.get("minCount"), f"{field}.gang.minCount", minimum=1)
+
+
+def _topology_key(constraints: Any, field: str) -> str:
+    if constraints is None:
+        return ""
+    if not isinstance(constraints, Mapping):
+        raise RequestError(field, "must be an object")
+    topology = constraints.get("topology") or []
+    if not isinstance(topology, list) or len(topology) > 1:
+        raise RequestError(f"{field}.topology", "must be a list of at most one constraint")
+    if not topology:
+        return ""
+    key = (topology[0] or {}).get("key") if isinstance(topology[0], Mapping) else None
+    where = f"{field}.topology[0].key"
+    if not isinstance(key, str) or not _label_key_ok(key):
+        raise RequestError(where, f"must be a node label key, not {key!r}"[:200])
+    return key
+
+
+def _label_key_ok(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return False
+    return bool(_LABEL_NAME.match(name))
 
 
 def spec_from_native(obj: Mapping[str, Any]) -> GroupSpec:
-    """A `scheduling.k8s.io/v1beta1` PodGroup: gang `minCount` (basic policy: 1) and the first
-    topology constraint's key."""
+    """A native `PodGroup` (`scheduling.k8s.io` v1alpha2 or v1beta1, the same fields): gang
+    `minCount` (basic policy: 1) and the first topology constraint's key."""
     meta = _meta(obj)
     spec = obj.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        raise RequestError("spec", "must be an object")
     key = GroupKey(str(meta.get("namespace", "")), "workload", str(meta.get("name", "")))
-    gang = (spec.get("schedulingPolicy") or {}).get("gang") or {}
-    minimum = int(gang.get("minCount") or 1)
-    topology = (spec.get("schedulingConstraints") or {}).get("topology") or []
-    topology_key = str(topology[0].get("key", "")) if topology else ""
-    text = str((meta.get("annotations") or {}).get(REQUEST_ANNOTATION, ""))
-    return GroupSpec(key, max(minimum, 1), text, topology_key)
+    minimum = _gang_minimum(spec.get("schedulingPolicy") or {}, "spec.schedulingPolicy")
+    topology_key = _topology_key(spec.get("schedulingConstraints"), "spec.schedulingConstraints")
+    return GroupSpec(key, minimum, _annotation(obj, REQUEST_ANNOTATION), topology_key)
+
+
+def spec_from_workload_v1alpha1(obj: Mapping[str, Any], key: GroupKey) -> GroupSpec:
+    """The entry of a 1.35 `Workload`'s `spec.podGroups` that `key` names (`workload/group`
+    or `workload/group/replica`): its gang `minCount` (basic policy: 1)."""
+    group = key.name.split("/")[1]
+    entries = (obj.get("spec") or {}).get("podGroups") or []
+    if not isinstance(entries, list):
+        raise RequestError("spec.podGroups", "must be a list")
+    for i, entry in enumerate(entries):
+        if isinstance(entry, Mapping) and entry.get("name") == group:
+            minimum = _gang_minimum(entry.get("policy") or {}, f"spec.podGroups[{i}].policy")
+            return GroupSpec(key, minimum, _annotation(obj, REQUEST_ANNOTATION))
+    raise RequestError("spec.podGroups", f"has no group {group!r} (spec.workloadRef.podGroup)")
 
 
 def spec_of_lone_pod(pod: Mapping[str, Any]) -> GroupSpec:
     """A pod with no group: a gang of one, its own `gputopo.io/request` if it has one."""
-    meta = _meta(pod)
-    text = str((meta.get("annotations") or {}).get(REQUEST_ANNOTATION, ""))
-    return GroupSpec(group_key(pod), 1, text)
+    return GroupSpec(group_key(pod), 1, _annotation(pod, REQUEST_ANNOTATION))
 
 
-def scope_of_topology_key(key: str) -> Scope | None:
-    """The scope a topology key stands for, or None when gputopo does not know the key."""
-    return _TOPOLOGY_SCOPES.get(key)
+def topology_scope(key: str) -> Scope | None:
+    """The placement scope a topology key is exactly, or None: the key is then a node label
+    whose values the binder places in one at a time."""
+    return Scope.NODE if key == HOSTNAME_KEY else None
+
+
+def gang_size(pod: Mapping[str, Any]) -> int:
+    """The `gputopo.io/gang-size` a pod records, or `RequestError` naming the annotation."""
+    return _whole(
+        _annotation(pod, SIZE_ANNOTATION), f"metadata.annotations[{SIZE_ANNOTATION}]", minimum=1
+    )
 
 
 def build_request(spec: GroupSpec, pods: Sequence[Mapping[str, Any]]) -> PlacementRequest:
     """The communication graph to place for a gang.
 
     Raises `RequestError` whose field starts with `gputopo.io/request` when the annotation is
-    not a valid request, so the Event names the field the user must fix.
+    not a valid request, so the Event names the field the user must fix. A topology key other
+    than the hostname's is left to the caller (it places once per value of that label).
     """
     if spec.request_text:
         try:
@@ -209,25 +330,19 @@ def build_request(spec: GroupSpec, pods: Sequence[Mapping[str, Any]]) -> Placeme
             request = request_from_mapping(data)
         except RequestError as err:
             raise RequestError(f"{REQUEST_ANNOTATION}: {err.field}", err.reason) from None
+        except (TypeError, ValueError, AttributeError) as err:
+            raise RequestError(REQUEST_ANNOTATION, f"not a request: {err}"[:300]) from None
     else:
         gpus = max((pod_gpus(p) for p in pods), default=0)
         if gpus < 1:
             raise RequestError("spec.containers[].resources.limits", "asks for no nvidia.com/gpu")
-        scope = Constraint()
-        if spec.topology_key:
-            found = scope_of_topology_key(spec.topology_key)
-            if found is None:
-                raise RequestError(
-                    "spec.schedulingConstraints.topology[0].key",
-                    f"unknown topology key {spec.topology_key!r}",
-                )
-            scope = Constraint(required=found)
+        found = topology_scope(spec.topology_key)
         group = Group(
             name=_DEFAULT_GROUP,
             pods=spec.minimum,
             gpus_per_pod=gpus,
             pattern=Pattern.ALL_REDUCE if spec.minimum * gpus > 1 else Pattern.NONE,
-            scope=scope,
+            scope=Constraint(required=found) if found is not None else Constraint(),
         )
         request = PlacementRequest(groups=(group,))
     return replace(request, job=request.job or spec.key.name, namespace=spec.key.namespace)

@@ -214,8 +214,11 @@ class KubeClient:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
 
     @classmethod
-    def from_kubeconfig(cls, path: str | None = None, *, context: str | None = None) -> KubeClient:
-        """From a kubeconfig file (default: $KUBECONFIG or ~/.kube/config).
+    def from_kubeconfig(
+        cls, path: str | None = None, *, context: str | None = None, workers: int = 4
+    ) -> KubeClient:
+        """From a kubeconfig file (default: $KUBECONFIG or ~/.kube/config); `workers` calls at
+        once at most.
 
         Raises KubeError saying which file could not be used and why.
         """
@@ -226,11 +229,11 @@ class KubeClient:
         except Exception as err:  # the client raises several unrelated types here
             where = path or "$KUBECONFIG or ~/.kube/config"
             raise KubeError(0, f"cannot use kubeconfig {where}: {err}") from None
-        return cls(api)
+        return cls(api, workers=workers)
 
     @classmethod
-    def in_cluster(cls) -> KubeClient:
-        """From the pod's service account."""
+    def in_cluster(cls, *, workers: int = 4) -> KubeClient:
+        """From the pod's service account; `workers` calls at once at most."""
         configuration = k8s.Configuration()
         try:
             k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
@@ -238,7 +241,8 @@ class KubeClient:
             )
         except Exception as err:  # not in a pod, or no service account mounted
             raise KubeError(0, f"no in-cluster configuration (not in a pod?): {err}") from None
-        return cls(k8s.ApiClient(configuration))
+        configuration.connection_pool_maxsize = max(workers, 4)
+        return cls(k8s.ApiClient(configuration), workers=workers)
 
     def close(self) -> None:
         """Release connections and threads."""
@@ -571,14 +575,26 @@ class KubeClient:
         )
         return result
 
-    async def bind_pod(self, namespace: str, name: str, node: str, *, uid: str = "") -> None:
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        node: str,
+        *,
+        uid: str = "",
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
         """Bind a Pod to a node through the Binding subresource (409 when already bound).
 
         With `uid` the bind applies only to that incarnation of the pod, so a pod deleted and
-        recreated under the same name is never bound by a stale decision."""
+        recreated under the same name is never bound by a stale decision. `annotations` are
+        set on the pod by the same write (the API server copies a Binding's annotations onto
+        the pod it binds), so a pod is never bound without them."""
         meta: dict[str, Any] = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid
+        if annotations:
+            meta["annotations"] = dict(annotations)
         body = {
             "apiVersion": "v1",
             "kind": "Binding",

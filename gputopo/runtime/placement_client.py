@@ -92,6 +92,16 @@ class PlacementClient:
         req = ppb.ExplainRequest(reservation_id=reservation_id)
         return result_from_proto(await self._call(self._stub.Explain(req)))
 
+    async def explain_reservation(self, reservation_id: str) -> PlaceAnswer:
+        """A live reservation: where it sits and whether it is committed (NOT_FOUND: gone)."""
+        req = ppb.ExplainRequest(reservation_id=reservation_id)
+        resp = await self._call(self._stub.Explain(req))
+        return PlaceAnswer(
+            result=result_from_proto(resp),
+            reservation=_reservation(resp.reservation) if resp.HasField("reservation") else None,
+            topology_generation=resp.topology_generation,
+        )
+
     async def commit(self, reservation_id: str, *, owner: str = "") -> ReservationInfo:
         """Keep a reservation until released."""
         req = ppb.CommitRequest(reservation_id=reservation_id, owner=owner)

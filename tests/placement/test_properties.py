@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import assume, given, note
+from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
 from gputopo import cost
@@ -156,6 +156,10 @@ def _feasible(result: PlacementResult) -> bool:
 
 
 @checks_at_least(5)
+# Most random draws are infeasible for kueue-bestfit and are rejected by `assume`; hypothesis'
+# filter health check then fails some seeds. `checks_at_least` is what guards against a run that
+# checked nothing, so the health check is not needed here.
+@settings(suppress_health_check=[HealthCheck.filter_too_much])
 @given(snap=clusters(), req=requests(preferences=False))
 def test_gputopo_is_never_worse_than_kueue_bestfit(
     snap: ClusterSnapshot, req: PlacementRequest

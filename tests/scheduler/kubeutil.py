@@ -81,6 +81,16 @@ async def pods_of(kube: KubeClient, namespace: str) -> list[dict[str, Any]]:
     return list(page.get("items") or [])
 
 
+async def set_phase(kube: KubeClient, namespace: str, name: str, phase: str) -> None:
+    """Set a pod's `status.phase`, as its kubelet would (no kubelet runs in these tests)."""
+    await kube.request(
+        "PATCH",
+        f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+        body={"status": {"phase": phase}},
+        content_type=MERGE_PATCH,
+    )
+
+
 async def events_of(kube: KubeClient, namespace: str) -> list[dict[str, Any]]:
     page = await kube.request("GET", f"/api/v1/namespaces/{namespace}/events")
     return list(page.get("items") or [])
@@ -135,7 +145,11 @@ async def binder(
 
 @contextlib.asynccontextmanager
 async def binder_cluster(
-    kube_apiserver: KubeApiServer, nodes: Iterable[NodeTopology], config: BinderConfig
+    kube_apiserver: KubeApiServer,
+    nodes: Iterable[NodeTopology],
+    config: BinderConfig,
+    *,
+    options: KubeOptions | None = None,
 ) -> AsyncIterator[tuple[KubeClient, Aggregator]]:
     """Node objects for `nodes`, an aggregator with their simulated exporters, and a binder
     with `config`, all on the real API server; yields a client and the aggregator."""
@@ -144,7 +158,7 @@ async def binder_cluster(
     kube = KubeClient(kube_apiserver.api_client())
     try:
         async with (
-            aggregator(kube_apiserver, options=KubeOptions(publish_labels=False)) as agg,
+            aggregator(kube_apiserver, options=options or KubeOptions(publish_labels=False)) as agg,
             exporters(agg, nodes),
             binder(kube, agg, config),
         ):

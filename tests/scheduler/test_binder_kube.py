@@ -108,7 +108,10 @@ def test_a_4x8_gang_binds_whole_where_gputopo_chose_and_an_unfit_one_binds_nothi
             for pod in big:
                 (cond,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
                 assert cond["reason"] == "Unschedulable"
-                assert "insufficient_gpus" in cond["message"] or "not" in cond["message"]
+                # Typed from the rejection codes (32 GPUs asked of 16 free: capacity, which a
+                # departure can cure), and the code itself is named.
+                assert "not bound (Unschedulable): " in cond["message"], cond["message"]
+                assert "insufficient_gpus" in cond["message"], cond["message"]
             events = await events_of(kube, ns)
             reasons = {(e["involvedObject"]["name"], e["reason"]) for e in events}
             assert all((f"big-{i}", "Unschedulable") in reasons for i in range(4))

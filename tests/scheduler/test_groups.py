@@ -59,7 +59,7 @@ def test_a_pod_belongs_to_its_coscheduling_group_its_native_group_or_itself(
     assert group_key(pod) == key
 
 
-def test_a_native_podgroup_gives_its_gang_minimum_and_topology_scope() -> None:
+def test_a_native_podgroup_gives_its_gang_minimum_and_its_topology_key_as_a_node_label() -> None:
     spec = spec_from_native(NATIVE)
     assert spec == GroupSpec(
         GroupKey("ml", "workload", "trainer-0"), 4, "", "topology.kubernetes.io/rack"
@@ -68,20 +68,58 @@ def test_a_native_podgroup_gives_its_gang_minimum_and_topology_scope() -> None:
     request = build_request(spec, pods)
     (group,) = request.groups
     assert (group.pods, group.gpus_per_pod, group.pattern) == (4, 8, Pattern.ALL_REDUCE)
-    assert group.scope.required == Scope.LEAF
+    # A rack is whatever the label's values say: the binder places once per value, so the
+    # request itself carries no scope guessed from the key's name.
+    assert group.scope.required is None
     assert request.job == "trainer-0"
     assert request.namespace == "ml"
     assert missing(request, pods[:3]) == {"pods": 1}
     assert missing(request, pods) == {}
 
 
-def test_an_unknown_topology_key_is_named() -> None:
+@pytest.mark.parametrize(
+    "key",
+    [
+        pytest.param("fabric.topograph.run/tier-0", id="gputopo's own published leaf key"),
+        pytest.param("accelerator.topograph.run/domain", id="topograph's NVLink domain key"),
+        pytest.param("cloud.google.com/gke-nodepool", id="a GKE key"),
+        pytest.param("topology.k8s.aws/network-node-layer-1", id="an AWS key"),
+        pytest.param("network.topology.nvidia.com/leaf", id="topograph v0's key"),
+        pytest.param("rack", id="a key without a prefix"),
+    ],
+)
+def test_any_node_label_key_is_a_topology_key(key: str) -> None:
     obj = {
         **NATIVE,
-        "spec": {**NATIVE["spec"], "schedulingConstraints": {"topology": [{"key": "x/y"}]}},
+        "spec": {**NATIVE["spec"], "schedulingConstraints": {"topology": [{"key": key}]}},
     }  # type: ignore[dict-item]
-    with pytest.raises(RequestError, match="topology"):
-        build_request(spec_from_native(obj), [_native_pod("w-0")])
+    spec = spec_from_native(obj)
+    assert spec.topology_key == key
+    (group,) = build_request(spec, [_native_pod("w-0")]).groups
+    assert group.scope.required is None
+
+
+def test_the_hostname_key_is_the_node_scope() -> None:
+    obj = {
+        **NATIVE,
+        "spec": {
+            **NATIVE["spec"],
+            "schedulingConstraints": {"topology": [{"key": "kubernetes.io/hostname"}]},
+        },
+    }  # type: ignore[dict-item]
+    (group,) = build_request(spec_from_native(obj), [_native_pod("w-0")]).groups
+    assert group.scope.required == Scope.NODE
+
+
+@pytest.mark.parametrize("key", ["Not A Key", "a/b/c", "-x", "", 7, "x" * 64], ids=repr)
+def test_a_topology_key_that_is_no_label_key_is_named(key: object) -> None:
+    obj = {
+        **NATIVE,
+        "spec": {**NATIVE["spec"], "schedulingConstraints": {"topology": [{"key": key}]}},
+    }  # type: ignore[dict-item]
+    with pytest.raises(RequestError) as err:
+        spec_from_native(obj)
+    assert err.value.field == "spec.schedulingConstraints.topology[0].key"
 
 
 def test_the_request_annotation_maps_labelled_pods_to_its_groups() -> None:

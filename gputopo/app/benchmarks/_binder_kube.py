@@ -171,6 +171,7 @@ def scheduler_config(
     """A v1beta1 KubeSchedulerConfiguration with one profile and, given a URL, gputopo's extender
     configured as the README says (the bench and the tests' harness run the same one)."""
     connection: dict[str, Any] = {"kubeconfig": kubeconfig}
+    insecure = _free_port()
     if qps:
         connection |= {"qps": qps, "burst": 2 * qps}
     config: dict[str, Any] = {
@@ -178,6 +179,12 @@ def scheduler_config(
         "kind": "KubeSchedulerConfiguration",
         "clientConnection": connection,
         "leaderElection": {"leaderElect": False},
+        # A free loopback port for the insecure healthz/metrics listener: kube-scheduler 1.20
+        # serves it whatever --port says (neither port 0 nor an empty address turns it off), on
+        # 10251 by default, and two of them on one machine fought over that port (the second
+        # exited at start).
+        "healthzBindAddress": f"127.0.0.1:{insecure}",
+        "metricsBindAddress": f"127.0.0.1:{insecure}",
         "profiles": [{"schedulerName": name}],
     }
     if extender_url:

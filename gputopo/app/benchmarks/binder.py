@@ -2,6 +2,10 @@
 kube-scheduler with gputopo's extender, (c) a real default kube-scheduler, side by side.
 
     gputopo bench binder --kubeconfig K [--queue small|full] [--kube-scheduler PATH] [--json]
+    gputopo bench binder --kubeconfig K --mode throughput [--gangs 200 --pods 4 --gpus 2
+        --big-pods 256] [--json]
+
+`--mode throughput` measures pods bound per second instead (`_binder_throughput.py`).
 
 K names a real API server that the bench may fill with Node objects (the test harness's is
 one; `scripts/build-kube-apiserver.sh` builds kube-apiserver and kube-scheduler v1.20.2). Each
@@ -57,6 +61,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prefix", default="bb", help="name prefix of the bench's nodes and namespaces"
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--mode",
+        choices=("queue", "throughput"),
+        default="queue",
+        help="queue: gangs competing for too few GPUs (default); throughput: pods bound a second",
+    )
+    parser.add_argument("--gangs", type=int, default=200, help="throughput: gangs in the stream")
+    parser.add_argument("--pods", type=int, default=4, help="throughput: pods per gang")
+    parser.add_argument("--gpus", type=int, default=2, help="throughput: GPUs per pod")
+    parser.add_argument(
+        "--big-pods", type=int, default=256, help="throughput: pods of the big 1-GPU gang (0: none)"
+    )
 
 
 def queue(kind: str) -> list[Any]:
@@ -95,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     except FileNotFoundError as err:
         print(f"gputopo bench binder: --kube-scheduler: {err}", file=sys.stderr)
         return 2
+    if args.mode == "throughput":
+        return _run_throughput(args, binary, setups)
     nodes = args.nodes or (12 if args.queue == "small" else 24)
     seconds = args.seconds or (15.0 if args.queue == "small" else 30.0)
     figures = asyncio.run(
@@ -114,6 +132,47 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(table(figures))
     return 0
+
+
+def _run_throughput(args: argparse.Namespace, binary: Path | None, setups: list[str]) -> int:
+    from gputopo.app.benchmarks._binder_throughput import Stream, measure_throughput
+
+    wanted = [s for s in setups if s != "extender"]  # the extender setup binds as default does
+    stream = Stream(gangs=args.gangs, pods=args.pods, gpus=args.gpus, big_pods=args.big_pods)
+    figures = asyncio.run(
+        measure_throughput(
+            args.kubeconfig,
+            binary,
+            stream=stream,
+            setups=wanted,
+            prefix=args.prefix,
+            timeout_s=args.seconds or 600.0,
+        )
+    )
+    if args.json:
+        json.dump(figures, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(throughput_table(figures))
+    return 0
+
+
+def throughput_table(figures: dict[str, Any]) -> str:
+    """Pods a second and gang latencies, one column per setup."""
+    setups = list(figures["setups"])
+    rows = [
+        ("stream pods/s", "stream", "pods_per_second"),
+        ("stream pods bound", "stream", "pods_bound"),
+        ("stream last pod -> gang bound p50 s", "stream", "last_pod_to_all_bound_p50_s"),
+        ("stream last pod -> gang bound p99 s", "stream", "last_pod_to_all_bound_p99_s"),
+        ("big gang pods/s", "big_gang", "pods_per_second"),
+        ("big gang last pod -> all bound s", "big_gang", "last_pod_to_all_bound_p50_s"),
+    ]
+    lines = [f"{'':40}" + "".join(f"{s:>12}" for s in setups)]
+    for label, part, key in rows:
+        cells = [str((figures["setups"][s].get(part) or {}).get(key, "-")) for s in setups]
+        lines.append(f"{label:40}" + "".join(f"{c:>12}" for c in cells))
+    return "\n".join(lines)
 
 
 def table(figures: dict[str, Any]) -> str:

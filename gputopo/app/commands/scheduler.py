@@ -89,9 +89,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         kube = (
-            KubeClient.in_cluster()
+            # 16 calls in flight: binds and Events of several gangs overlap (4 capped the
+            # binder at about half of kube-scheduler's pods a second).
+            KubeClient.in_cluster(workers=16)
             if args.in_cluster
-            else KubeClient.from_kubeconfig(args.kubeconfig)
+            else KubeClient.from_kubeconfig(args.kubeconfig, workers=16)
         )
     except KubeError as err:
         print(
