@@ -89,7 +89,16 @@ def test_simulator_and_real_binder_place_and_finish_the_same(
     assert want["waited"] >= 5  # the queue was exercised: the check has something to check
     ns = kube_scope.namespace
     name = kube_scope.name("sim")
-    config = BinderConfig(scheduler_name=name, undo_grace_s=0, retry_unplaced_s=0.2, resync_s=0.5)
+    # One group at a time: the replay serves its queue first come, first served, while the
+    # binder by default works on up to 16 groups at once, and two waiting gangs that race for
+    # GPUs just freed may then be placed in either order.
+    config = BinderConfig(
+        scheduler_name=name,
+        undo_grace_s=0,
+        retry_unplaced_s=0.2,
+        resync_s=0.5,
+        parallel_groups=1,
+    )
     by_name = {j.name: j for j in jobs}
 
     async def body() -> dict[str, Any]:
