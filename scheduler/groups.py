@@ -36,6 +36,18 @@ from typing import Any
 import yaml
 
 from gputopo.placement.result import PlacementResult, PodPlacement
+from gputopo.pods import (
+    GPUS_ANNOTATION,
+    GROUP_LABEL,
+    NODE_ANNOTATION,
+    PLACE_KEYS,
+    RECORD_KEYS,
+    REQUEST_ANNOTATION,
+    RESERVATION_ANNOTATION,
+    SIZE_ANNOTATION,
+    UUIDS_ANNOTATION,
+)
+from gputopo.pods import pod_gpus as shared_pod_gpus
 from gputopo.request import (
     Constraint,
     Group,
@@ -77,23 +89,11 @@ __all__ = [
 ]
 
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
-GROUP_LABEL = "gputopo.io/group"
-REQUEST_ANNOTATION = "gputopo.io/request"
-# What the binder records on each pod before it binds any (restart-safety reads these back).
-RESERVATION_ANNOTATION = "gputopo.io/reservation"
-NODE_ANNOTATION = "gputopo.io/node"
-GPUS_ANNOTATION = "gputopo.io/gpus"
-SIZE_ANNOTATION = "gputopo.io/gang-size"
-UUIDS_ANNOTATION = "gputopo.io/gpu-uuids"
-_PLACE_KEYS = ("gputopo.io/replica", "gputopo.io/pod", "gputopo.io/rank")
-RECORD_KEYS: tuple[str, ...] = (
-    RESERVATION_ANNOTATION,
-    NODE_ANNOTATION,
-    GPUS_ANNOTATION,
-    SIZE_ANNOTATION,
-    UUIDS_ANNOTATION,
-    *_PLACE_KEYS,
-)
+# The pod vocabulary (labels, the record the binder writes with each Binding and reads back) is
+# the one every process speaks, from `gputopo.pods`.
+_PLACE_KEYS = PLACE_KEYS
+# A gang's placement asks for whole GPUs: a pod's `nvidia.com/gpu` (and MIG slices, one GPU
+# each, as `gputopo.pods` counts them).
 GPU_RESOURCES = ("nvidia.com/gpu",)
 _DEFAULT_GROUP = "pods"
 
@@ -200,9 +200,11 @@ def pod_gpus(pod: Mapping[str, Any]) -> int:
     the others). Limits, else requests, as the device plugin counts. A value that is not a
     whole number raises `RequestError` naming the container's field."""
     spec = pod.get("spec") or {}
-    regular = sum(_container_gpus(spec.get("containers"), "spec.containers"))
-    init = _container_gpus(spec.get("initContainers"), "spec.initContainers")
-    return max(regular, max(init, default=0))
+    _container_gpus(spec.get("containers"), "spec.containers")  # a malformed count is refused
+    _container_gpus(spec.get("initContainers"), "spec.initContainers")
+    # Then Kubernetes' rule, shared with the aggregator and the extender (sidecars run beside
+    # the containers, overhead that names GPUs adds to them): `gputopo.pods.pod_gpus`.
+    return shared_pod_gpus(pod, GPU_RESOURCES)
 
 
 def _annotation(obj: Mapping[str, Any], key: str) -> str:

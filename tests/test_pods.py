@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
+import scheduler.groups
 from aggregator.occupancy import pod_use
 from gputopo.placement.result import PodPlacement
 from gputopo.pods import PodRecord, decode_gpus, pod_ask, pod_gpus
+from gputopo.request import RequestError
 from scheduler.groups import record_annotations
 
 
@@ -68,10 +70,20 @@ CASES = [
 
 @pytest.mark.parametrize(("pod", "want"), CASES)
 def test_every_reader_counts_a_pod_as_kubernetes_does(pod: dict[str, Any], want: int) -> None:
-    # The aggregator's occupancy and the extender read the same rule; the binder's
-    # (scheduler.groups) is switched to it when the branches meet.
+    # The aggregator's occupancy, the extender and the binder read the same rule; the binder
+    # refuses a count that is not a whole number instead of reading none (next test).
     use = pod_use(pod)
     assert (pod_gpus(pod), use.gpus if use else 0, pod_ask(pod).gpus) == (want, want, want)
+    try:
+        binder = scheduler.groups.pod_gpus(pod)
+    except RequestError:
+        binder = None
+    assert binder == (None if want == 0 and "two" in repr(pod) else want)
+
+
+def test_the_binder_refuses_a_gpu_count_that_is_not_a_number() -> None:
+    with pytest.raises(RequestError, match=r"spec\.containers"):
+        scheduler.groups.pod_gpus(_pod([_c("two")]))
 
 
 def test_the_record_is_what_the_binder_writes_and_reads_back() -> None:
