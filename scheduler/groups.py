@@ -40,7 +40,6 @@ from gputopo.pods import (
     GPUS_ANNOTATION,
     GROUP_LABEL,
     NODE_ANNOTATION,
-    PLACE_KEYS,
     RECORD_KEYS,
     REQUEST_ANNOTATION,
     RESERVATION_ANNOTATION,
@@ -90,8 +89,8 @@ __all__ = [
 
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 # The pod vocabulary (labels, the record the binder writes with each Binding and reads back) is
-# the one every process speaks, from `gputopo.pods`.
-_PLACE_KEYS = PLACE_KEYS
+# the one every process speaks, imported from `gputopo.pods` above.
+#
 # A gang's placement asks for whole GPUs: a pod's `nvidia.com/gpu` (and MIG slices, one GPU
 # each, as `gputopo.pods` counts them).
 GPU_RESOURCES = ("nvidia.com/gpu",)
