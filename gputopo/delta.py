@@ -8,7 +8,7 @@ NIC disappearing, NUMA nodes changing, the node renamed) makes `diff` return Non
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from gputopo.topology import (
     DeviceKind,
@@ -70,23 +70,25 @@ def diff_topology(old: NodeTopology, new: NodeTopology) -> NodeDelta | None:
 
 
 def apply_delta(topology: NodeTopology, delta: NodeDelta) -> NodeTopology:
-    """`topology` with the delta's upserts and removals applied."""
-    gpus = {g.index: g for g in topology.gpus} | {g.index: g for g in delta.gpus}
-    nics = {n.index: n for n in topology.nics} | {n.index: n for n in delta.nics}
-    links = {lk.key: lk for lk in topology.links}
-    for a, b in delta.removed_links:
-        links.pop((a, b) if a < b else (b, a), None)
-    for lk in delta.links:
-        normal = lk if lk.a < lk.b else replace(lk, a=lk.b, b=lk.a)
-        links[normal.key] = normal
-    return replace(
-        topology,
-        gpus=tuple(gpus[i] for i in sorted(gpus)),
-        nics=tuple(nics[i] for i in sorted(nics)),
-        links=tuple(links.values()),
-        fabric=delta.fabric if delta.fabric is not None else topology.fabric,
-        nvml=delta.nvml if delta.nvml is not None else topology.nvml,
-        problems=delta.problems if delta.problems is not None else topology.problems,
+    """`topology` with the delta's upserts and removals applied.
+
+    The result shares every part the delta leaves alone (`NodeTopology.amended`): the
+    aggregator applies a delta per report, and most change one link of a hundred."""
+    gpus = nics = None
+    if delta.gpus:
+        merged = {g.index: g for g in topology.gpus} | {g.index: g for g in delta.gpus}
+        gpus = tuple(merged[i] for i in sorted(merged))
+    if delta.nics:
+        by_index = {n.index: n for n in topology.nics} | {n.index: n for n in delta.nics}
+        nics = tuple(by_index[i] for i in sorted(by_index))
+    return topology.amended(
+        links=delta.links,
+        removed_links=delta.removed_links,
+        gpus=gpus,
+        nics=nics,
+        fabric=delta.fabric,
+        nvml=delta.nvml,
+        problems=delta.problems,
     )
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "gpu_pcie_gbps",
     "link_nominal_gbps",
     "plausible",
+    "plausible_link",
     "with_nominal_bandwidth",
 ]
 
@@ -82,23 +83,26 @@ def plausible(topology: NodeTopology) -> NodeTopology:
     NVLink at thousands of GB/s (within the codec's generous bounds, but not what an H100 has)
     drew every honest request. Cut to the ceiling, a claim can at most tie with an honest node
     of the same hardware, never outbid it."""
-    changed = False
-    links = []
-    for link in topology.links:
-        top = bandwidth.ceiling_gbps(
-            link.kind,
-            nvlink_generation=_nvlink_generation(topology, link)
-            if link.kind is LinkKind.NVLINK
-            else None,
-        )
-        fixed = link
-        if link.nominal_gbps > top:
-            fixed = replace(fixed, nominal_gbps=top)
-        if link.measured is not None and link.measured.gbps > top:
-            fixed = replace(fixed, measured=replace(link.measured, gbps=top))
-        changed |= fixed is not link
-        links.append(fixed)
-    return replace(topology, links=tuple(links)) if changed else topology
+    fixed = [cut for link in topology.links if (cut := plausible_link(topology, link)) is not link]
+    return topology.amended(links=fixed) if fixed else topology
+
+
+def plausible_link(topology: NodeTopology, link: Link) -> Link:
+    """One link of `topology` as `plausible` leaves it: the same object when it is within what
+    its kind can carry. The aggregator checks only the links a delta changed this way (the
+    GPUs, whose NVLink generation sets the ceiling, unchanged)."""
+    top = bandwidth.ceiling_gbps(
+        link.kind,
+        nvlink_generation=_nvlink_generation(topology, link)
+        if link.kind is LinkKind.NVLINK
+        else None,
+    )
+    fixed = link
+    if link.nominal_gbps > top:
+        fixed = replace(fixed, nominal_gbps=top)
+    if link.measured is not None and link.measured.gbps > top:
+        fixed = replace(fixed, measured=replace(link.measured, gbps=top))
+    return fixed
 
 
 def _nvlink_generation(topology: NodeTopology, link: Link) -> int | None:

@@ -14,7 +14,7 @@ in now) and its last measurement; `Link.bandwidth_gbps` says which one counts.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Literal
@@ -286,20 +286,60 @@ class NodeTopology:
     nvml: NvmlStatus = NvmlStatus()
     partial: bool = False
     problems: tuple[str, ...] = ()
-    _index: Mapping[tuple[DeviceRef, DeviceRef], Link] = field(
-        default_factory=dict, init=False, repr=False, compare=False
+    _index: MappingProxyType[tuple[DeviceRef, DeviceRef], Link] = field(
+        default_factory=lambda: MappingProxyType({}), init=False, repr=False, compare=False
     )
 
     def __post_init__(self) -> None:
         index: dict[tuple[DeviceRef, DeviceRef], Link] = {}
         for given in self.links:
-            if given.a == given.b:
-                raise ValueError(f"link from {given.a} to itself")
-            link = replace(given, a=given.b, b=given.a) if given.b < given.a else given
+            link = _normal(given)
             index[link.key] = link  # a later duplicate replaces an earlier one
         ordered = tuple(sorted(index.values(), key=lambda lk: (lk.a, lk.b)))
         object.__setattr__(self, "links", ordered)
-        object.__setattr__(self, "_index", MappingProxyType(index))
+        # In the order of `links`, so that `amended` can update it in place of a re-sort.
+        object.__setattr__(self, "_index", MappingProxyType({lk.key: lk for lk in ordered}))
+
+    def amended(
+        self,
+        *,
+        links: Iterable[Link] = (),
+        removed_links: Iterable[tuple[DeviceRef, DeviceRef]] = (),
+        gpus: tuple[Gpu, ...] | None = None,
+        nics: tuple[Nic, ...] | None = None,
+        fabric: FabricPosition | None = None,
+        nvml: NvmlStatus | None = None,
+        problems: tuple[str, ...] | None = None,
+    ) -> NodeTopology:
+        """This topology with `links` upserted (by their pair), `removed_links` removed and the
+        given fields replaced; equal to building it afresh, sharing every unchanged part.
+
+        Why: a report that changes one link of a 100-link node should not pay for normalising
+        and sorting the other 99 (the aggregator does this for every delta). When every
+        upserted pair is already there, the links keep their order and only a dict is copied;
+        a new pair (rare: links appear with new devices) re-sorts as the constructor does.
+        """
+        index = self._index.copy()
+        for a, b in removed_links:
+            index.pop((a, b) if a < b else (b, a), None)
+        new_pair = False
+        for given in links:
+            link = _normal(given)
+            new_pair = new_pair or link.key not in index
+            index[link.key] = link
+        out = replace(
+            self,
+            links=tuple(index.values()) if new_pair else (),
+            gpus=self.gpus if gpus is None else gpus,
+            nics=self.nics if nics is None else nics,
+            fabric=self.fabric if fabric is None else fabric,
+            nvml=self.nvml if nvml is None else nvml,
+            problems=self.problems if problems is None else problems,
+        )
+        if not new_pair:  # the constructor saw no links: set them, in order already
+            object.__setattr__(out, "links", tuple(index.values()))
+            object.__setattr__(out, "_index", MappingProxyType(index))
+        return out
 
     def link(self, a: DeviceRef, b: DeviceRef) -> Link | None:
         """The link between two devices, in either order, or None."""
@@ -344,3 +384,10 @@ class NodeTopology:
     def degraded_links(self) -> tuple[Link, ...]:
         """Links whose health is not OK."""
         return tuple(lk for lk in self.links if lk.health is not LinkHealth.OK)
+
+
+def _normal(link: Link) -> Link:
+    """The link with its endpoints in order (ValueError for a link from a device to itself)."""
+    if link.a == link.b:
+        raise ValueError(f"link from {link.a} to itself")
+    return replace(link, a=link.b, b=link.a) if link.b < link.a else link

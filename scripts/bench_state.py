@@ -1,0 +1,141 @@
+"""Aggregator CPU per report, in process: what `ClusterState` costs for a delta and a heartbeat.
+
+`gputopo bench ingest` measures the whole path (gRPC, codec, state) with a load generator on
+the same cores; this isolates the state's share, which is what a report costs once decoded.
+It builds a `--nodes`-node state of the ingest bench's nodes (DGX H100, fabric tiers from an
+inventory source), then times `--reports` deltas of the kind the ingest bench sends (one
+GPU-GPU link with a new measurement, alternating between two figures) and as many heartbeats,
+round-robin over the nodes, and prints µs per delta and per heartbeat as JSON.
+
+    PYTHONPATH=. .venv/bin/python scripts/bench_state.py --nodes 2000 --reports 20000
+
+`--base DIR` runs the same measurement on another checkout too (its code first on
+PYTHONPATH, this interpreter), `--rounds` times each, interleaved base, branch, base, ...,
+so that load from other work falls on both alike, and prints the medians and branch / base.
+It uses only `ClusterState`'s public API, which older commits share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from aggregator.state import ClusterState
+from gputopo.delta import NodeDelta
+from gputopo.machines import load_machine
+from gputopo.topology import FabricPosition, Measurement
+
+HERE = Path(__file__).resolve().parent.parent
+_LEAF, _SPINE = 32, 512  # as the ingest bench places its nodes
+
+
+def measure(nodes: int, reports: int, profile: str) -> dict[str, float]:
+    """µs of `ClusterState` CPU per delta and per heartbeat (process time, GC off)."""
+    clock = [1000.0]
+    state = ClusterState(clock=lambda: clock[0], stale_after_s=1e9)
+    template = load_machine(profile, node_name="template")
+    link = next(iter(template.gpu_links()))
+    deltas = [
+        NodeDelta(links=(replace(link, measured=Measurement(gbps, "cuda-memcpy-peer-ce")),))
+        for gbps in (360.0, 361.0)
+    ]
+    names = [f"node-{i:05d}" for i in range(nodes)]
+    for i, name in enumerate(names):
+        fabric = FabricPosition(
+            tiers=(f"leaf-{i // _LEAF}", f"spine-{i // _SPINE}", "core"),
+            source="inventory",
+            confidence="high",
+        )
+        topo = load_machine(profile, node_name=name)
+        state.apply_snapshot(replace(topo, fabric=fabric), incarnation=1, sequence=1)
+    state.snapshot()
+    sequence = 1
+    gc.collect()
+    gc.disable()
+    try:
+        began = time.process_time()
+        for k in range(reports):
+            sequence += 1
+            name = names[k % nodes]
+            state.apply_delta(name, deltas[(k // nodes) % 2], incarnation=1, sequence=sequence)
+        delta_s = time.process_time() - began
+        began = time.process_time()
+        for k in range(reports):
+            sequence += 1
+            state.heartbeat(names[k % nodes], incarnation=1, sequence=sequence)
+        heartbeat_s = time.process_time() - began
+    finally:
+        gc.enable()
+    return {
+        "nodes": nodes,
+        "reports": reports,
+        "us_per_delta": round(delta_s / reports * 1e6, 2),
+        "us_per_heartbeat": round(heartbeat_s / reports * 1e6, 2),
+    }
+
+
+def _run(checkout: Path, args: argparse.Namespace) -> dict[str, float]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--nodes",
+            str(args.nodes),
+            "--reports",
+            str(args.reports),
+            "--profile",
+            args.profile,
+        ],
+        cwd=checkout,
+        env={**os.environ, "PYTHONPATH": str(checkout)},
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    ).stdout
+    result: dict[str, float] = json.loads(out)
+    return result
+
+
+def compare(args: argparse.Namespace) -> dict[str, Any]:
+    """Interleaved rounds on `--base` and this checkout; medians and branch / base."""
+    sides: dict[str, list[dict[str, float]]] = {"base": [], "branch": []}
+    for _ in range(args.rounds):
+        sides["base"].append(_run(Path(args.base).resolve(), args))
+        sides["branch"].append(_run(HERE, args))
+    table: dict[str, Any] = {}
+    for key in ("us_per_delta", "us_per_heartbeat"):
+        base = statistics.median(r[key] for r in sides["base"])
+        branch = statistics.median(r[key] for r in sides["branch"])
+        table[key] = {
+            "base": base,
+            "branch": branch,
+            "branch/base": round(branch / base, 3) if base else None,
+        }
+    return {"base": str(args.base), "rounds": args.rounds, "nodes": args.nodes, **table}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--reports", type=int, default=20000, help="deltas, and heartbeats")
+    parser.add_argument("--profile", default="dgx-h100")
+    parser.add_argument("--base", default="", help="another checkout to compare with")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    if args.base:
+        print(json.dumps(compare(args), indent=2))
+    else:
+        print(json.dumps(measure(args.nodes, args.reports, args.profile)))
+
+
+if __name__ == "__main__":
+    main()
