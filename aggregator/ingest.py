@@ -58,10 +58,9 @@ from gputopo.codec import (
     seconds,
     topology_from_proto,
 )
-from gputopo.delta import DeltaError, NodeDelta
+from gputopo.delta import DeltaError
 from gputopo.gpu_use import GpuUse
 from gputopo.runtime.identity import node_of_peer, report_denial
-from gputopo.topology import NodeTopology
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 from gputopo.v1 import topology_pb2 as tpb
@@ -328,12 +327,10 @@ class ReporterService(rgrpc.ReporterServicer):
         elif kind == "delta":
             delta = delta_from_proto(msg.delta)
             probes = _peer_probes(msg.delta, msg.node_name)
-            rec = self._state.record(
-                msg.node_name
-            )  # the state checks the delta; the budget is ours
-            if rec is not None and rec.reported is not None and rec.incarnation == msg.incarnation:
-                _check_delta_memory(rec.reported, delta, msg.delta.ByteSize())
-            outcome = self._state.apply_delta(msg.node_name, delta, **seq)
+            # the state checks the delta against its base, and the memory budget by its size
+            outcome = self._state.apply_delta(
+                msg.node_name, delta, **seq, wire_bytes=msg.delta.ByteSize()
+            )
         elif kind == "heartbeat":
             outcome = self._state.heartbeat(msg.node_name, **seq)
         else:
@@ -386,30 +383,6 @@ def _check_node_memory(topo: tpb.NodeTopology) -> None:
     )
     try:
         bounds.check_node_memory("snapshot.topology", estimate)
-    except bounds.BoundsError as err:
-        raise CodecError(err.field, err.reason) from None
-
-
-# About what a link takes on the wire (two refs, kind, lanes, bandwidth, a measurement): the
-# text term of a merged node's estimate, whose own strings the snapshot check already bounded.
-_LINK_WIRE_BYTES = 48
-
-
-def _check_delta_memory(base: NodeTopology, delta: NodeDelta, delta_bytes: int) -> None:
-    """The budget of `_check_node_memory` for the node a delta would leave (links it adds on
-    top of the node's, its own size on top of the node's links on the wire)."""
-    removed = sum(1 for a, b in delta.removed_links if base.link(a, b) is not None)
-    links = len(base.links) - removed
-    links += sum(1 for lk in delta.links if base.link(lk.a, lk.b) is None)
-    estimate = bounds.node_memory(
-        gpus=len({g.index for g in delta.gpus} | set(range(len(base.gpus)))),
-        nics=len({n.index for n in delta.nics} | set(range(len(base.nics)))),
-        numa_nodes=len(base.numa_nodes),
-        links=links,
-        wire_bytes=_LINK_WIRE_BYTES * links + delta_bytes,
-    )
-    try:
-        bounds.check_node_memory("delta", estimate)
     except bounds.BoundsError as err:
         raise CodecError(err.field, err.reason) from None
 

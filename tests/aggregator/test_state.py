@@ -190,7 +190,7 @@ def test_derived_snapshots_equal_a_fresh_rebuild(steps: list[str]) -> None:
             topo = replace(old.topology, problems=(f"step {sequence}",))
             state.apply_snapshot(topo, incarnation=1, sequence=sequence)
     handed_out = state.snapshot()
-    fresh = state._rebuild(frozenset(state.stale_nodes()), None)
+    fresh = state.rebuilt_snapshot()
     assert {n: s.free for n, s in handed_out.nodes.items()} == {
         n: s.free for n, s in fresh.nodes.items()
     }
