@@ -292,12 +292,15 @@ class NodeBook:
         return ReportOutcome.ACCEPTED
 
     def heartbeat(self, node: str, *, incarnation: int, sequence: int) -> ReportOutcome:
-        """Note that a node is alive."""
-        rec = self._next_in_stream(node, incarnation, sequence)
-        if isinstance(rec, ReportOutcome):
-            return rec
+        """Note that a node is alive: half of all reports, so an ordering check and two
+        assignments (`_next_in_stream` and `_is_stale` written out)."""
+        rec = self._nodes.get(node)
+        if rec is None or incarnation > rec.incarnation:
+            return ReportOutcome.RESYNC
+        if incarnation < rec.incarnation or sequence <= rec.sequence:
+            return ReportOutcome.IGNORED
         now = self._clock()
-        was_stale = self._is_stale(rec, now)
+        was_stale = rec.source == "exporter" and now - rec.last_report > self.stale_after_s
         rec.sequence, rec.last_report = sequence, now
         if was_stale:
             self._on_change(ChangeKind.NODE, node)

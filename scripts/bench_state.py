@@ -4,8 +4,8 @@
 the same cores; this isolates the state's share, which is what a report costs once decoded.
 It builds a `--nodes`-node state of the ingest bench's nodes (DGX H100, fabric tiers from an
 inventory source), then times `--reports` deltas of the kind the ingest bench sends (one
-GPU-GPU link with a new measurement, alternating between two figures) and as many heartbeats,
-round-robin over the nodes, and prints µs per delta and per heartbeat as JSON.
+GPU-GPU link with a new measurement, alternating between two figures) and `--heartbeats`
+heartbeats, round-robin over the nodes, and prints µs per delta and per heartbeat as JSON.
 
     PYTHONPATH=. .venv/bin/python scripts/bench_state.py --nodes 2000 --reports 20000
 
@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent.parent
 _LEAF, _SPINE = 32, 512  # as the ingest bench places its nodes
 
 
-def measure(nodes: int, reports: int, profile: str) -> dict[str, float]:
+def measure(nodes: int, reports: int, heartbeats: int, profile: str) -> dict[str, float]:
     """µs of `ClusterState` CPU per delta and per heartbeat (process time, GC off)."""
     clock = [1000.0]
     state = ClusterState(clock=lambda: clock[0], stale_after_s=1e9)
@@ -69,7 +69,7 @@ def measure(nodes: int, reports: int, profile: str) -> dict[str, float]:
             state.apply_delta(name, deltas[(k // nodes) % 2], incarnation=1, sequence=sequence)
         delta_s = time.process_time() - began
         began = time.process_time()
-        for k in range(reports):
+        for k in range(heartbeats):
             sequence += 1
             state.heartbeat(names[k % nodes], incarnation=1, sequence=sequence)
         heartbeat_s = time.process_time() - began
@@ -79,7 +79,8 @@ def measure(nodes: int, reports: int, profile: str) -> dict[str, float]:
         "nodes": nodes,
         "reports": reports,
         "us_per_delta": round(delta_s / reports * 1e6, 2),
-        "us_per_heartbeat": round(heartbeat_s / reports * 1e6, 2),
+        "heartbeats": heartbeats,
+        "us_per_heartbeat": round(heartbeat_s / heartbeats * 1e6, 3),
     }
 
 
@@ -92,6 +93,8 @@ def _run(checkout: Path, args: argparse.Namespace) -> dict[str, float]:
             str(args.nodes),
             "--reports",
             str(args.reports),
+            "--heartbeats",
+            str(args.heartbeats),
             "--profile",
             args.profile,
         ],
@@ -126,7 +129,8 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=2000)
-    parser.add_argument("--reports", type=int, default=20000, help="deltas, and heartbeats")
+    parser.add_argument("--reports", type=int, default=20000, help="deltas")
+    parser.add_argument("--heartbeats", type=int, default=200000)
     parser.add_argument("--profile", default="dgx-h100")
     parser.add_argument("--base", default="", help="another checkout to compare with")
     parser.add_argument("--rounds", type=int, default=3)
@@ -134,7 +138,7 @@ def main() -> None:
     if args.base:
         print(json.dumps(compare(args), indent=2))
     else:
-        print(json.dumps(measure(args.nodes, args.reports, args.profile)))
+        print(json.dumps(measure(args.nodes, args.reports, args.heartbeats, args.profile)))
 
 
 if __name__ == "__main__":
