@@ -105,11 +105,13 @@ def check_delta(base: NodeTopology, delta: NodeDelta) -> None:
     """DeltaError unless the delta keeps devices numbered 0..n-1 and links on real devices of
     `base` (the snapshot it continues): applied anyway, it would leave a node placement cannot
     reason about."""
-    counts: dict[DeviceKind, int] = {}
+    counts: dict[DeviceKind, int] = {DeviceKind.GPU: len(base.gpus), DeviceKind.NIC: len(base.nics)}
     for kind, device, have, upserts in (
         ("gpus", DeviceKind.GPU, len(base.gpus), [g.index for g in delta.gpus]),
         ("nics", DeviceKind.NIC, len(base.nics), [n.index for n in delta.nics]),
     ):
+        if not upserts:
+            continue  # most deltas: links only
         indices = set(range(have)) | set(upserts)
         if indices != set(range(len(indices))):
             i, bad = next((i, x) for i, x in enumerate(upserts) if x >= len(indices))
