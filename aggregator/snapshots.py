@@ -87,9 +87,24 @@ class SnapshotCache:
         free: Callable[[str], frozenset[int]],
         previous: ClusterSnapshot | None,
     ) -> ClusterSnapshot:
-        """Every node's state afresh (sharing what is unchanged with `previous`)."""
+        """Every node's state afresh (sharing what is unchanged with `previous`).
+
+        A node not changed since `previous` and as stale as it was there keeps its `NodeState`
+        (its free GPUs move only with allocations, which are changes): after one report, the
+        next snapshot asks for one node's free GPUs, not every node's."""
         states = []
+        before = previous.nodes if previous is not None and self._key is not None else {}
+        was_stale = self._key[1] if self._key is not None else frozenset()
         for name, rec in records.items():
+            kept = before.get(name)
+            if (
+                kept is not None
+                and name not in self._dirty
+                and (name in stale) == (name in was_stale)
+                and kept.topology is rec.topology
+            ):
+                states.append(kept)
+                continue
             states.append(
                 NodeState(
                     topology=rec.topology,

@@ -40,7 +40,7 @@ def base(name: str) -> NodeTopology:
 
 @dataclass(frozen=True)
 class Step:
-    kind: str  # delta, labels, reserve, heartbeat
+    kind: str  # delta, labels, reserve, heartbeat, wait, check
     node: str
     delta: NodeDelta = NO_CHANGE
     labels: int = 0
@@ -49,7 +49,11 @@ class Step:
 @st.composite
 def steps(draw: st.DrawFn) -> Step:
     node = draw(st.sampled_from(NAMES))
-    kind = draw(st.sampled_from(["delta", "delta", "delta", "labels", "reserve", "heartbeat"]))
+    kind = draw(
+        st.sampled_from(
+            ["delta", "delta", "delta", "labels", "reserve", "heartbeat", "wait", "check"]
+        )
+    )
     if kind != "delta":
         return Step(kind, node, labels=draw(st.integers(0, len(LABELS) - 1)))
     topo = base(node)
@@ -88,7 +92,7 @@ def _domains(state: ClusterState) -> dict[str, dict[str, DomainStats]]:
 @given(st.lists(steps(), max_size=12))
 def test_deltas_one_at_a_time_equal_the_result_as_a_snapshot(script: list[Step]) -> None:
     clock = [1000.0]
-    state = ClusterState(clock=lambda: clock[0], stale_after_s=1e9)
+    state = ClusterState(clock=lambda: clock[0], stale_after_s=30)
     for name in NAMES:
         state.apply_snapshot(base(name), incarnation=1, sequence=1)
     sequence = 1
@@ -101,6 +105,10 @@ def test_deltas_one_at_a_time_equal_the_result_as_a_snapshot(script: list[Step])
             state.heartbeat(step.node, incarnation=1, sequence=sequence)
         elif step.kind == "labels":
             state.set_labels(step.node, LABELS[step.labels])
+        elif step.kind == "wait":
+            clock[0] += 20  # two waits without a report: stale
+        elif step.kind == "check":
+            state.check_stale()
         else:
             request = request_from_mapping({"groups": [{"name": "g", "gpus_per_pod": 2}]})
             result, _ = place(state.snapshot(), request)
@@ -118,6 +126,7 @@ def test_deltas_one_at_a_time_equal_the_result_as_a_snapshot(script: list[Step])
             assert rec.reported is not None
             fresh.apply_snapshot(rec.reported, incarnation=1, sequence=1)
         fresh.restore(state.reservations())
+        fresh.expire()
 
         for name in NAMES:
             got, want = state.record(name), fresh.record(name)
@@ -126,16 +135,13 @@ def test_deltas_one_at_a_time_equal_the_result_as_a_snapshot(script: list[Step])
             assert got.topology == want.topology
             assert got.resolution == want.resolution
             assert got.labels == want.labels
-        snap, want_snap = state.snapshot(), fresh.snapshot()
+        snap, want_snap, rebuilt = state.snapshot(), fresh.snapshot(), state.rebuilt_snapshot()
         for name in NAMES:
-            a, b = snap.nodes[name], want_snap.nodes[name]
-            assert (a.topology, a.free, a.placeable, a.labels) == (
-                b.topology,
-                b.free,
-                b.placeable,
-                b.labels,
-            )
-        assert _domains(state) == _domains(fresh)
+            a, b, c = snap.nodes[name], want_snap.nodes[name], rebuilt.nodes[name]
+            assert (a.topology, a.free, a.labels) == (b.topology, b.free, b.labels)
+            assert (a.free, a.placeable, a.reason) == (c.free, c.placeable, c.reason)
+        if not state.nodes.known_stale:  # the fresh state has every node alive
+            assert _domains(state) == _domains(fresh)
 
 
 def test_a_delta_of_a_link_measurement_leaves_the_domain_index_alone() -> None:
