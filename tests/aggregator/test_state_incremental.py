@@ -35,7 +35,12 @@ LABELS: tuple[dict[str, str], ...] = (
 
 
 def base(name: str) -> NodeTopology:
-    return nvswitch_node(name, gpus=4, nics=2, tiers=(f"leaf-{name[-1]}", "spine"))
+    """n0's report says its position without a source (the merge names one: placement's
+    topology is a copy); n1's and n2's say it as the merge will (placement's is the report)."""
+    topo = nvswitch_node(name, gpus=4, nics=2, tiers=(f"leaf-{name[-1]}", "spine"))
+    if name == "n0":
+        return topo
+    return replace(topo, fabric=replace(topo.fabric, source="exporter", confidence="medium"))
 
 
 @dataclass(frozen=True)
@@ -165,3 +170,28 @@ def test_a_delta_of_a_link_measurement_leaves_the_domain_index_alone() -> None:
     state.apply_delta("n0", moved, incarnation=1, sequence=3)
     assert updates == ["n0"]
     assert state.index.domain_of("n0", "tier-0") is not None
+
+
+def test_a_node_whose_report_needs_no_change_keeps_one_topology_after_a_delta() -> None:
+    """Memory, held: where placement's topology is the report itself (a plausible report, its
+    fabric position what the merge says), a delta keeps it so instead of keeping two."""
+    state = ClusterState(clock=lambda: 1000.0, stale_after_s=1e9)
+    said = FabricPosition(tiers=("leaf-0", "spine"), source="exporter", confidence="medium")
+    state.apply_snapshot(replace(base("n0"), fabric=said), incarnation=1, sequence=1)
+    first = state.record("n0")
+    assert first is not None
+    assert first.topology is first.reported
+    link = base("n0").links[0]
+    honest = NodeDelta(links=(replace(link, measured=Measurement(300.0, "t")),))
+    state.apply_delta("n0", honest, incarnation=1, sequence=2)
+    rec = state.record("n0")
+    assert rec is not None
+    assert rec.topology is rec.reported
+    inflated = NodeDelta(links=(replace(link, measured=Measurement(5000.0, "t")),))
+    state.apply_delta("n0", inflated, incarnation=1, sequence=3)
+    assert rec.reported is not None
+    assert rec.topology is not rec.reported
+    measured = rec.topology.link(link.a, link.b)
+    assert measured is not None
+    assert measured.measured is not None
+    assert measured.measured.gbps < 5000.0
