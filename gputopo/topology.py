@@ -291,14 +291,12 @@ class NodeTopology:
     )
 
     def __post_init__(self) -> None:
-        index: dict[tuple[DeviceRef, DeviceRef], Link] = {}
-        for given in self.links:
-            link = _normal(given)
-            index[link.key] = link  # a later duplicate replaces an earlier one
-        ordered = tuple(sorted(index.values(), key=lambda lk: (lk.a, lk.b)))
-        object.__setattr__(self, "links", ordered)
-        # In the order of `links`, so that `amended` can update it in place of a re-sort.
-        object.__setattr__(self, "_index", MappingProxyType({lk.key: lk for lk in ordered}))
+        normal = sorted(map(_normal, self.links), key=_order)  # stable: duplicates keep order
+        # A later duplicate replaces an earlier one in place; the index keeps the order of
+        # `links`, so that `amended` can update it instead of sorting again.
+        index = {(lk.a, lk.b): lk for lk in normal}
+        object.__setattr__(self, "links", tuple(index.values()))
+        object.__setattr__(self, "_index", MappingProxyType(index))
 
     def amended(
         self,
@@ -391,7 +389,16 @@ class NodeTopology:
 
 
 def _normal(link: Link) -> Link:
-    """The link with its endpoints in order (ValueError for a link from a device to itself)."""
-    if link.a == link.b:
+    """The link with its endpoints in order (ValueError for a link from a device to itself).
+
+    Compares plain tuples, as `_order` does: the dataclass comparisons of `DeviceRef` run in
+    Python, and a node's links are normalised on every construction."""
+    a, b = (link.a.kind, link.a.index), (link.b.kind, link.b.index)
+    if a == b:
         raise ValueError(f"link from {link.a} to itself")
-    return replace(link, a=link.b, b=link.a) if link.b < link.a else link
+    return replace(link, a=link.b, b=link.a) if b < a else link
+
+
+def _order(link: Link) -> tuple[int, int, int, int]:
+    """The sort key of a normalised link: `(link.a, link.b)` as `DeviceRef`'s order has it."""
+    return (link.a.kind, link.a.index, link.b.kind, link.b.index)
