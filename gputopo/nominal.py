@@ -83,7 +83,19 @@ def plausible(topology: NodeTopology) -> NodeTopology:
     NVLink at thousands of GB/s (within the codec's generous bounds, but not what an H100 has)
     drew every honest request. Cut to the ceiling, a claim can at most tie with an honest node
     of the same hardware, never outbid it."""
-    fixed = [cut for link in topology.links if (cut := plausible_link(topology, link)) is not link]
+    # A snapshot checks every link (about 90 on a DGX), and links of one kind and generation
+    # share their ceiling: one lookup each, and a link under it is not touched.
+    ceilings: dict[tuple[LinkKind, int | None], float] = {}
+    fixed = []
+    for link in topology.links:
+        generation = _nvlink_generation(topology, link) if link.kind is LinkKind.NVLINK else None
+        top = ceilings.get((link.kind, generation))
+        if top is None:
+            top = bandwidth.ceiling_gbps(link.kind, nvlink_generation=generation)
+            ceilings[(link.kind, generation)] = top
+        m = link.measured
+        if link.nominal_gbps > top or (m is not None and m.gbps > top):
+            fixed.append(_cut(link, top))
     return topology.amended(links=fixed) if fixed else topology
 
 
@@ -97,6 +109,11 @@ def plausible_link(topology: NodeTopology, link: Link) -> Link:
         if link.kind is LinkKind.NVLINK
         else None,
     )
+    return _cut(link, top)
+
+
+def _cut(link: Link, top: float) -> Link:
+    """The link with its nominal and measured figures at most `top` (itself when they are)."""
     fixed = link
     if link.nominal_gbps > top:
         fixed = replace(fixed, nominal_gbps=top)

@@ -5,7 +5,8 @@ the same cores; this isolates the state's share, which is what a report costs on
 It builds a `--nodes`-node state of the ingest bench's nodes (DGX H100, fabric tiers from an
 inventory source), then times `--reports` deltas of the kind the ingest bench sends (one
 GPU-GPU link with a new measurement, alternating between two figures) and `--heartbeats`
-heartbeats, round-robin over the nodes, and prints µs per delta and per heartbeat as JSON.
+heartbeats, round-robin over the nodes, then `--snapshots` snapshots of known nodes (each a
+change: a resync), and prints µs per delta, per heartbeat and per snapshot as JSON.
 
     PYTHONPATH=. .venv/bin/python scripts/bench_state.py --nodes 2000 --reports 20000
 
@@ -38,7 +39,15 @@ HERE = Path(__file__).resolve().parent.parent
 _LEAF, _SPINE = 32, 512  # as the ingest bench places its nodes
 
 
-def measure(nodes: int, reports: int, heartbeats: int, profile: str) -> dict[str, float]:
+def state_fabric(state: ClusterState, name: str) -> FabricPosition:
+    """The fabric position a node reported (its snapshots again say the same)."""
+    rec = state.record(name)
+    return rec.reported.fabric if rec is not None and rec.reported is not None else FabricPosition()
+
+
+def measure(
+    nodes: int, reports: int, heartbeats: int, snapshots: int, profile: str
+) -> dict[str, float]:
     """µs of `ClusterState` CPU per delta and per heartbeat (process time, GC off)."""
     clock = [1000.0]
     state = ClusterState(clock=lambda: clock[0], stale_after_s=1e9)
@@ -58,6 +67,24 @@ def measure(nodes: int, reports: int, heartbeats: int, profile: str) -> dict[str
         topo = load_machine(profile, node_name=name)
         state.apply_snapshot(replace(topo, fabric=fabric), incarnation=1, sequence=1)
     state.snapshot()
+    # Snapshots again (an exporter restarted, or resynced): two versions of the first nodes,
+    # alternating, so that each one really changes the node.
+    resent = [
+        [
+            replace(
+                load_machine(profile, node_name=name),
+                fabric=state_fabric(state, name),
+                links=tuple(
+                    replace(lk, measured=Measurement(gbps, "cuda-memcpy-peer-ce"))
+                    if lk.key == link.key
+                    else lk
+                    for lk in template.links
+                ),
+            )
+            for gbps in (360.0, 361.0)
+        ]
+        for name in names[: min(nodes, 200)]
+    ]
     sequence = 1
     gc.collect()
     gc.disable()
@@ -73,6 +100,12 @@ def measure(nodes: int, reports: int, heartbeats: int, profile: str) -> dict[str
             sequence += 1
             state.heartbeat(names[k % nodes], incarnation=1, sequence=sequence)
         heartbeat_s = time.process_time() - began
+        began = time.process_time()
+        for k in range(snapshots):
+            sequence += 1
+            topo = resent[k % len(resent)][(k // len(resent)) % 2]
+            state.apply_snapshot(topo, incarnation=1, sequence=sequence)
+        snapshot_s = time.process_time() - began
     finally:
         gc.enable()
     return {
@@ -81,6 +114,8 @@ def measure(nodes: int, reports: int, heartbeats: int, profile: str) -> dict[str
         "us_per_delta": round(delta_s / reports * 1e6, 2),
         "heartbeats": heartbeats,
         "us_per_heartbeat": round(heartbeat_s / heartbeats * 1e6, 3),
+        "snapshots": snapshots,
+        "us_per_snapshot": round(snapshot_s / snapshots * 1e6, 2) if snapshots else 0.0,
     }
 
 
@@ -95,6 +130,8 @@ def _run(checkout: Path, args: argparse.Namespace) -> dict[str, float]:
             str(args.reports),
             "--heartbeats",
             str(args.heartbeats),
+            "--snapshots",
+            str(args.snapshots),
             "--profile",
             args.profile,
         ],
@@ -115,7 +152,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         sides["base"].append(_run(Path(args.base).resolve(), args))
         sides["branch"].append(_run(HERE, args))
     table: dict[str, Any] = {}
-    for key in ("us_per_delta", "us_per_heartbeat"):
+    for key in ("us_per_delta", "us_per_heartbeat", "us_per_snapshot"):
         base = statistics.median(r[key] for r in sides["base"])
         branch = statistics.median(r[key] for r in sides["branch"])
         table[key] = {
@@ -131,6 +168,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2000)
     parser.add_argument("--reports", type=int, default=20000, help="deltas")
     parser.add_argument("--heartbeats", type=int, default=200000)
+    parser.add_argument("--snapshots", type=int, default=2000, help="snapshots of known nodes")
     parser.add_argument("--profile", default="dgx-h100")
     parser.add_argument("--base", default="", help="another checkout to compare with")
     parser.add_argument("--rounds", type=int, default=3)
@@ -138,7 +176,11 @@ def main() -> None:
     if args.base:
         print(json.dumps(compare(args), indent=2))
     else:
-        print(json.dumps(measure(args.nodes, args.reports, args.heartbeats, args.profile)))
+        print(
+            json.dumps(
+                measure(args.nodes, args.reports, args.heartbeats, args.snapshots, args.profile)
+            )
+        )
 
 
 if __name__ == "__main__":
