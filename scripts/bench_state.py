@@ -6,7 +6,8 @@ It builds a `--nodes`-node state of the ingest bench's nodes (DGX H100, fabric t
 inventory source), then times `--reports` deltas of the kind the ingest bench sends (one
 GPU-GPU link with a new measurement, alternating between two figures) and `--heartbeats`
 heartbeats, round-robin over the nodes, then `--snapshots` snapshots of known nodes (each a
-change: a resync), and prints µs per delta, per heartbeat and per snapshot as JSON.
+change: a resync), and prints µs per delta, per heartbeat and per snapshot as JSON, and what
+the next cluster snapshot costs after a delta (what placement pays for ingest moving a node).
 
     PYTHONPATH=. .venv/bin/python scripts/bench_state.py --nodes 2000 --reports 20000
 
@@ -46,7 +47,7 @@ def state_fabric(state: ClusterState, name: str) -> FabricPosition:
 
 
 def measure(
-    nodes: int, reports: int, heartbeats: int, snapshots: int, profile: str
+    nodes: int, reports: int, heartbeats: int, snapshots: int, *, profile: str, after: int = 50
 ) -> dict[str, float]:
     """µs of `ClusterState` CPU per delta and per heartbeat (process time, GC off)."""
     clock = [1000.0]
@@ -100,6 +101,13 @@ def measure(
             sequence += 1
             state.heartbeat(names[k % nodes], incarnation=1, sequence=sequence)
         heartbeat_s = time.process_time() - began
+        # What placement pays after ingest moved a node: the next cluster snapshot.
+        began = time.process_time()
+        for k in range(after):
+            sequence += 1
+            state.apply_delta(names[k % nodes], deltas[k % 2], incarnation=1, sequence=sequence)
+            state.snapshot()
+        after_s = time.process_time() - began
         began = time.process_time()
         for k in range(snapshots):
             sequence += 1
@@ -114,6 +122,7 @@ def measure(
         "us_per_delta": round(delta_s / reports * 1e6, 2),
         "heartbeats": heartbeats,
         "us_per_heartbeat": round(heartbeat_s / heartbeats * 1e6, 3),
+        "ms_per_cluster_snapshot_after_a_delta": round(after_s / after * 1e3, 3) if after else 0.0,
         "snapshots": snapshots,
         "us_per_snapshot": round(snapshot_s / snapshots * 1e6, 2) if snapshots else 0.0,
     }
@@ -152,7 +161,12 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         sides["base"].append(_run(Path(args.base).resolve(), args))
         sides["branch"].append(_run(HERE, args))
     table: dict[str, Any] = {}
-    for key in ("us_per_delta", "us_per_heartbeat", "us_per_snapshot"):
+    for key in (
+        "us_per_delta",
+        "us_per_heartbeat",
+        "us_per_snapshot",
+        "ms_per_cluster_snapshot_after_a_delta",
+    ):
         base = statistics.median(r[key] for r in sides["base"])
         branch = statistics.median(r[key] for r in sides["branch"])
         table[key] = {
@@ -178,7 +192,9 @@ def main() -> None:
     else:
         print(
             json.dumps(
-                measure(args.nodes, args.reports, args.heartbeats, args.snapshots, args.profile)
+                measure(
+                    args.nodes, args.reports, args.heartbeats, args.snapshots, profile=args.profile
+                )
             )
         )
 
