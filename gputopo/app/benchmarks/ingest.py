@@ -3,11 +3,14 @@
 What runs (each in its own process, so the aggregator's RSS and CPU are its own):
 
 1. the aggregator (`aggregator.server.Aggregator`, gRPC on a free loopback port);
-2. `--workers` exporter processes sharing `--nodes` simulated nodes (DGX H100 machines built
+2. `--workers` load processes sharing `--nodes` simulated nodes (DGX H100 machines built
    from a recording, under leaves of 32 and spines of 512). Each node streams the exporter
-   protocol: a snapshot, then a delta every `--delta-interval` seconds (a new link
-   measurement: the topology really changes) and a heartbeat half-way between, each phase
-   staggered at random;
+   protocol on its own Report stream: a snapshot, then a delta every `--delta-interval`
+   seconds (a new link measurement: the topology really changes) and a heartbeat half-way
+   between, each phase staggered at random. The load side is cheap on purpose
+   (`_ingest_load`: pre-encoded messages over HTTP/2 spoken directly, `--nodes-per-connection`
+   streams per connection, streams opened at most `--ramp` per second with at most
+   `--in-flight` snapshots unacknowledged), and its CPU is reported beside the aggregator's;
 3. the same load against an ack-only gRPC server (decodes nothing, applies nothing): the
    baseline, so the figures show what the aggregator's own work adds to the transport.
 
@@ -18,7 +21,12 @@ acknowledged and one more delta interval passed:
 - `p99_freshness_seconds`: from an exporter sending a delta to it receiving the aggregator's
   acknowledgement, which is sent after the report was applied to the cluster state, so any
   snapshot taken from then on contains it (an upper bound on sent-to-visible);
-- `aggregator_rss_mib`, `aggregator_cpu_percent` (of one core, over the window), `errors`;
+- `aggregator_rss_mib`, `aggregator_cpu_percent` (of one core, over the window) and
+  `generator_cpu_percent` (the load processes together, same window);
+- `streams_failed` (a stream that ended before the bench stopped it, by reason: RST_STREAM
+  CANCEL, trailers, GOAWAY, a lost connection), `errors` (those, refused messages and
+  snapshots never acknowledged); `seconds_until_all_snapshots_acked` is None unless every
+  snapshot was;
 - `rss_mib_10k_nodes`: RSS of a separate process holding a 10,000-node, 80,000-GPU cluster
   state (every topology decoded from its own protobuf message, as ingest holds them, with
   fabric positions, the domain index and a placement snapshot built).
@@ -54,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of the benchmark."""
     parser.add_argument("--nodes", type=int, default=2000, help="simulated nodes (default 2000)")
     parser.add_argument(
-        "--workers", type=int, default=4, help="exporter processes (default %(default)s)"
+        "--workers", type=int, default=2, help="exporter processes (default %(default)s)"
     )
     parser.add_argument(
         "--nodes-per-connection",
@@ -264,9 +272,15 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         workers.append((proc, a))
     began = time.monotonic()
     unacked = 0
+    # Generous: connecting is paced by the server (a few ms of its CPU per snapshot), and the
+    # machine may be shared; past this the run is reported as broken, not waited on forever.
+    limit_s = 120 + 0.03 * args.nodes
     for _, pipe in workers:
-        if not pipe.poll(300):
-            raise RuntimeError("an exporter process did not settle its nodes' snapshots")
+        if not pipe.poll(max(0.0, began + limit_s - time.monotonic())):
+            raise RuntimeError(
+                f"the snapshots of {args.nodes} nodes were not all acknowledged or failed "
+                f"within {limit_s:.0f} s"
+            )
         ready, failed = pipe.recv()
         assert ready == "ready"
         unacked += failed
