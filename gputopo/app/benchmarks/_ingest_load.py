@@ -161,7 +161,8 @@ async def run_load(
     base: tuple[bytes, list[bytes]],
 ) -> dict[str, Any]:
     """Stream `names` to `target` until the parent's window is over; the figures of this
-    process. Protocol with the parent: ("ready", unacked snapshots), then (start, end)."""
+    process. Protocol with the parent: ("ready", snapshots not acknowledged) once all are
+    settled or at `options["settle_by"]` (monotonic) at the latest, then (start, end)."""
     rng = random.Random(options["seed"])
     interval = options["delta_interval"]
     load = _Load(len(names))
@@ -215,10 +216,17 @@ async def run_load(
 
     ramping = asyncio.create_task(ramp())
     ticking = asyncio.create_task(tick())
-    try:
+
+    async def connected() -> None:
         await ramping  # a connection the server refused ends the run here
         await load.all_settled.wait()
-        conn.send(("ready", load.unacked))
+
+    try:
+        try:
+            await asyncio.wait_for(connected(), max(0.0, options["settle_by"] - time.monotonic()))
+        except TimeoutError:  # measured anyway: nodes not connected by now count as not acked
+            ramping.cancel()
+        conn.send(("ready", load.unacked + load.pending))
         start, end = await asyncio.to_thread(conn.recv)
         load.window = (start, end)
         await asyncio.sleep(max(0.0, end - time.monotonic()) + 3.0)  # outstanding acks
