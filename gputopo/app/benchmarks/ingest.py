@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--duration",
         type=float,
-        default=60.0,
+        default=30.0,
         metavar="SECONDS",
         help="measurement window (default %(default)s)",
     )
