@@ -34,6 +34,7 @@ __all__ = ["fabric_tiers", "run_load"]
 
 _REPORT = "/gputopo.v1.Reporter/Report"
 _LEAF, _SPINE = 32, 512
+_TICK_S = 0.01
 
 
 def fabric_tiers(index: int) -> list[str]:
@@ -211,8 +212,10 @@ async def run_load(
                     node.send("heartbeat")
                 node.kind += 1
                 heapq.heappush(heap, (due + half, index, node))
-            wait = heap[0][0] - time.monotonic() if heap else 0.01
-            await asyncio.sleep(min(max(wait, 0.0), 0.05))
+            # At least a tick between turns: the messages due in it leave in one socket write
+            # per connection, not one wake-up each (the send time is taken when each leaves).
+            wait = heap[0][0] - time.monotonic() if heap else _TICK_S
+            await asyncio.sleep(min(max(wait, _TICK_S), 0.05))
 
     ramping = asyncio.create_task(ramp())
     ticking = asyncio.create_task(tick())
