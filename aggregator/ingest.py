@@ -175,6 +175,7 @@ class ReporterService(rgrpc.ReporterServicer):
     ) -> AsyncIterator[rpb.ReportResponse]:
         """One stream per node: validate, apply, acknowledge every message."""
         node = ""
+        probe_address = ""  # the last one checked on this stream
         claim: _Claim | None = None
         peer = context.peer()
         self.stats.streams += 1
@@ -187,7 +188,8 @@ class ReporterService(rgrpc.ReporterServicer):
                     )
                 kind = msg.WhichOneof("payload") or "none"
                 try:
-                    self._check_envelope(msg, node)
+                    self._check_envelope(msg, node, probe_address)
+                    probe_address = msg.probe_address
                     self._check_incarnation(msg.incarnation)
                     if not node:
                         peer_node, lie = await self._peer_node(context)
@@ -293,9 +295,15 @@ class ReporterService(rgrpc.ReporterServicer):
                 f"{INCARNATION_FUTURE_S:.0f} s): not the exporter's start time in unix nanoseconds",
             )
 
-    def _check_envelope(self, msg: rpb.ReportRequest, stream_node: str) -> None:
-        validate_node_name(msg.node_name)
-        if stream_node and msg.node_name != stream_node:
+    def _check_envelope(
+        self, msg: rpb.ReportRequest, stream_node: str, probe_address: str = ""
+    ) -> None:
+        """The fields every message carries. Those equal to what this stream already had
+        checked (its node name, its probe address) are not matched against patterns again:
+        a heartbeat is checked in a few comparisons."""
+        if not stream_node:
+            validate_node_name(msg.node_name)
+        elif msg.node_name != stream_node:
             raise CodecError(
                 "node_name", f"is {msg.node_name!r}, but this stream reports {stream_node!r}"
             )
@@ -303,7 +311,7 @@ class ReporterService(rgrpc.ReporterServicer):
             raise CodecError("incarnation", "must be set (unix nanoseconds at exporter start)")
         if msg.sequence == 0:
             raise CodecError("sequence", "must start at 1")
-        if msg.probe_address:
+        if msg.probe_address and msg.probe_address != probe_address:
             match = _HOST_PORT.fullmatch(msg.probe_address)
             if match is None or not 0 < int(match.group(2)) < 65536:
                 raise CodecError("probe_address", f"{msg.probe_address!r} is not host:port")

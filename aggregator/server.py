@@ -64,11 +64,26 @@ from gputopo.runtime.tls import TlsFiles, ssl_server_context
 from gputopo.v1 import placement_pb2_grpc as pgrpc
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
-__all__ = ["DEFAULT_EXTENDER_CLIENTS", "Aggregator", "AggregatorConfig", "KubeOptions"]
+__all__ = [
+    "DEFAULT_EXTENDER_CLIENTS",
+    "SERVER_OPTIONS",
+    "Aggregator",
+    "AggregatorConfig",
+    "KubeOptions",
+]
 
 log = logging.getLogger(__name__)
 
 LEADER_POD_LABEL = "gputopo.io/role"
+
+# gRPC options of the aggregator's server, on top of `gputopo.runtime.grpcio.server`'s.
+# After a restart or failover every exporter reconnects within seconds and sends its snapshot;
+# the event loop takes new calls from Core one per loop turn, while the turns are busy decoding
+# those snapshots. Core cancels a call that waited longer than 30 s (its default) to be taken,
+# and the exporter then reconnects and sends its snapshot again: at 20,000 nodes 15,000 of the
+# streams ended CANCELLED that way and the herd never settled. A call waits instead; keepalive
+# still finds dead peers, and no maximum connection age ever cuts a report stream.
+SERVER_OPTIONS: tuple[tuple[str, int], ...] = (("grpc.server_max_unrequested_time_in_server", 600),)
 # The name kube-scheduler's own client certificate carries: the extender's one legitimate caller.
 DEFAULT_EXTENDER_CLIENTS = ("system:kube-scheduler",)
 
@@ -332,7 +347,10 @@ class Aggregator:
 
     async def start(self) -> None:
         """Bind and serve; returns once the servers accept connections."""
-        server = grpcio.server(interceptors=[RoleInterceptor(self.roles, self._holder_of)])
+        server = grpcio.server(
+            options=SERVER_OPTIONS,
+            interceptors=[RoleInterceptor(self.roles, self._holder_of)],
+        )
         rgrpc.add_ReporterServicer_to_server(self.reporter, server)
         pgrpc.add_PlacementServicer_to_server(self.service, server)
         self.grpc_port = grpcio.bind(

@@ -6,6 +6,11 @@ decoder missed what nobody listed, so this walks the message by its descriptor i
 field set anywhere in it is looked up in `gputopo.bounds.REPORT_LIMITS` by its protobuf full
 name, and a repeated field or string that has no entry there is refused as well (fail closed).
 Counts are checked before elements, so nothing of an absurd list is walked.
+
+Every report passes here, so the walk is done twice only when it fails: a first walk keeps no
+path and looks each field's rule up once per field descriptor (a snapshot took 2.6 ms of the
+aggregator's CPU with paths built for every field); a report past a bound is walked again
+with paths, to name the field.
 """
 
 from __future__ import annotations
@@ -33,13 +38,63 @@ _INTEGER = (
 
 def check_limits(msg: Message, path: str = "") -> None:
     """CodecError naming the first field of `msg` (recursively) past its bound."""
+    if not _fits(msg):
+        _check(msg, path)
+        raise CodecError(path or "report", "is past a bound")  # fail closed if they disagree
+
+
+# What `_fits` does with a field: recurse into a message, measure a string, compare an integer.
+_MESSAGE, _TEXT, _VALUE, _NOTHING, _UNBOUNDED = range(5)
+_Rule = tuple[int, bool, int, int, int]  # (what, repeated, items, chars, value)
+_RULES: dict[FieldDescriptor, _Rule] = {}
+
+
+def _rule(field: FieldDescriptor) -> _Rule:
+    limit = REPORT_LIMITS.get(field.full_name) or Limit()
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        what = _MESSAGE
+    elif field.type in _STRING:
+        what = _TEXT if limit.chars else _UNBOUNDED
+    elif field.type in _INTEGER and limit.value:
+        what = _VALUE
+    else:
+        what = _NOTHING
+    if field.is_repeated and not limit.items:
+        what = _UNBOUNDED
+    rule = (what, field.is_repeated, limit.items, limit.chars, limit.value)
+    _RULES[field] = rule
+    return rule
+
+
+def _fits(msg: Message) -> bool:
+    """Whether every field of `msg` (recursively) is within its bound; no paths kept."""
+    for field, value in msg.ListFields():
+        what, repeated, items, chars, bound = _RULES.get(field) or _rule(field)
+        if what == _UNBOUNDED or (repeated and len(value) > items):
+            return False
+        if what == _NOTHING:
+            continue
+        for item in value if repeated else (value,):
+            if what == _MESSAGE:
+                if not _fits(item):
+                    return False
+            elif what == _TEXT:
+                if len(item) > chars:
+                    return False
+            elif item > bound:
+                return False
+    return True
+
+
+def _check(msg: Message, path: str) -> None:
+    """`check_limits` with paths: raises naming the first field past its bound."""
     for field, value in msg.ListFields():
         where = f"{path}.{field.name}" if path else field.name
         limit = REPORT_LIMITS.get(field.full_name)
         if field.is_repeated:
             _check_repeated(field, value, limit, where)
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
-            check_limits(value, where)
+            _check(value, where)
         elif field.type in _STRING:
             _check_text(value, limit, where)
         elif field.type in _INTEGER and limit is not None and limit.value:
@@ -57,7 +112,7 @@ def _check_repeated(
     for i, item in enumerate(items):
         at = f"{where}[{i}]"
         if field.type == FieldDescriptor.TYPE_MESSAGE:
-            check_limits(item, at)
+            _check(item, at)
         elif field.type in _STRING:
             _check_text(item, limit, at)
         elif field.type in _INTEGER and limit.value:

@@ -21,7 +21,8 @@ def test_bench_ingest_prints_json_on_stdout_and_progress_on_stderr() -> None:
             "bench",
             "ingest",
             "--nodes=20",
-            "--workers=1",
+            "--workers=2",
+            "--nodes-per-connection=5",
             "--delta-interval=1",
             "--duration=2",
             "--memory-nodes=0",
@@ -40,6 +41,9 @@ def test_bench_ingest_prints_json_on_stdout_and_progress_on_stderr() -> None:
     assert figures["streams_failed"] == 0
     assert figures["aggregator"]["snapshots_not_acked"] == 0
     assert figures["generator_cpu_percent"] > 0
+    # 10 nodes per process in connections of 5: the streams really spread over connections
+    assert figures["aggregator"]["channels"] == 4
+    assert figures["aggregator"]["seconds_until_all_snapshots_acked"] is not None
     # deltas sent as pre-encoded messages are applied and acknowledged; half, not all: under
     # load a node's sleeps drift and its second delta can fall outside a 2 s window
     assert figures["aggregator"]["delta_fraction_acked"] >= 0.5

@@ -166,6 +166,14 @@ MALFORMED = [
         "probe_address",
     ),
     Malformed(
+        "a probe address checked once on the stream, then changed to one that is not host:port",
+        [
+            _bad(lambda m: setattr(m, "probe_address", "10.0.0.1:9000")),
+            _bad(lambda m: setattr(m, "probe_address", "10.0.0.1:99999"), beat(2)),
+        ],
+        "probe_address",
+    ),
+    Malformed(
         "a snapshot of another node",
         [snapshot_msg(1, node="n2")],
         "snapshot.topology.name",

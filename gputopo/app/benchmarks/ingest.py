@@ -3,11 +3,14 @@
 What runs (each in its own process, so the aggregator's RSS and CPU are its own):
 
 1. the aggregator (`aggregator.server.Aggregator`, gRPC on a free loopback port);
-2. `--workers` exporter processes sharing `--nodes` simulated nodes (DGX H100 machines built
+2. `--workers` load processes sharing `--nodes` simulated nodes (DGX H100 machines built
    from a recording, under leaves of 32 and spines of 512). Each node streams the exporter
-   protocol: a snapshot, then a delta every `--delta-interval` seconds (a new link
-   measurement: the topology really changes) and a heartbeat half-way between, each phase
-   staggered at random;
+   protocol on its own Report stream: a snapshot, then a delta every `--delta-interval`
+   seconds (a new link measurement: the topology really changes) and a heartbeat half-way
+   between, each phase staggered at random. The load side is cheap on purpose
+   (`_ingest_load`: pre-encoded messages over HTTP/2 spoken directly, `--nodes-per-connection`
+   streams per connection, streams opened at most `--ramp` per second with at most
+   `--in-flight` snapshots unacknowledged), and its CPU is reported beside the aggregator's;
 3. the same load against an ack-only gRPC server (decodes nothing, applies nothing): the
    baseline, so the figures show what the aggregator's own work adds to the transport.
 
@@ -18,7 +21,12 @@ acknowledged and one more delta interval passed:
 - `p99_freshness_seconds`: from an exporter sending a delta to it receiving the aggregator's
   acknowledgement, which is sent after the report was applied to the cluster state, so any
   snapshot taken from then on contains it (an upper bound on sent-to-visible);
-- `aggregator_rss_mib`, `aggregator_cpu_percent` (of one core, over the window), `errors`;
+- `aggregator_rss_mib`, `aggregator_cpu_percent` (of one core, over the window) and
+  `generator_cpu_percent` (the load processes together, same window);
+- `streams_failed` (a stream that ended before the bench stopped it, by reason: RST_STREAM
+  CANCEL, trailers, GOAWAY, a lost connection), `errors` (those, refused messages and
+  snapshots never acknowledged); `seconds_until_all_snapshots_acked` is None unless every
+  snapshot was;
 - `rss_mib_10k_nodes`: RSS of a separate process holding a 10,000-node, 80,000-GPU cluster
   state (every topology decoded from its own protobuf message, as ingest holds them, with
   fabric positions, the domain index and a placement snapshot built).
@@ -29,11 +37,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import json
 import multiprocessing as mp
 import os
-import random
 import statistics
 import sys
 import time
@@ -41,12 +47,13 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
+from gputopo.app.benchmarks._ingest_load import fabric_tiers, run_load
+
 HELP = "simulated exporters against one aggregator: throughput, freshness, RSS, CPU"
 
 # gRPC, protobuf and the aggregator are imported inside the functions the child processes run:
 # `gputopo --help` imports every benchmark module to list it, and must stay fast.
 
-_LEAF, _SPINE = 32, 512
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -55,7 +62,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of the benchmark."""
     parser.add_argument("--nodes", type=int, default=2000, help="simulated nodes (default 2000)")
     parser.add_argument(
-        "--workers", type=int, default=4, help="exporter processes (default %(default)s)"
+        "--workers", type=int, default=2, help="exporter processes (default %(default)s)"
+    )
+    parser.add_argument(
+        "--nodes-per-connection",
+        type=int,
+        default=100,
+        metavar="N",
+        help="report streams per HTTP/2 connection (default %(default)s)",
+    )
+    parser.add_argument(
+        "--ramp",
+        type=float,
+        default=2000.0,
+        metavar="PER_SECOND",
+        help="streams opened per second at most, all processes together (default %(default)g)",
+    )
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="snapshots sent and not yet acknowledged at most while connecting, all processes "
+        "together (default %(default)s)",
+    )
+    parser.add_argument(
+        "--settle-timeout",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="measure anyway after this long connecting, the nodes not connected counted as "
+        "errors (default 0: 120 s + 30 ms per node)",
     )
     parser.add_argument(
         "--delta-interval",
@@ -67,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--duration",
         type=float,
-        default=60.0,
+        default=30.0,
         metavar="SECONDS",
         help="measurement window (default %(default)s)",
     )
@@ -129,7 +166,7 @@ def _serve(conn: Connection, kind: str, cprofile: str = "") -> None:
 async def _serve_async(conn: Connection, kind: str) -> None:
     import grpc
 
-    from aggregator.server import Aggregator, AggregatorConfig
+    from aggregator.server import SERVER_OPTIONS, Aggregator, AggregatorConfig
     from gputopo.runtime import grpcio
     from gputopo.v1 import reporter_pb2 as rpb
     from gputopo.v1 import reporter_pb2_grpc as rgrpc
@@ -149,8 +186,8 @@ async def _serve_async(conn: Connection, kind: str) -> None:
                         status=rpb.ReportResponse.STATUS_ACCEPTED, acked_sequence=msg.sequence
                     )
 
-        # The same server as the aggregator's (gputopo.runtime.grpcio).
-        server = grpcio.server()
+        # The same server as the aggregator's (gputopo.runtime.grpcio, SERVER_OPTIONS).
+        server = grpcio.server(options=SERVER_OPTIONS)
         rgrpc.add_ReporterServicer_to_server(AckOnly(), server)
         port = grpcio.bind(server, "127.0.0.1", 0)
         await server.start()
@@ -178,8 +215,9 @@ async def _serve_async(conn: Connection, kind: str) -> None:
 
 
 def _exporters(conn: Connection, target: str, names: list[str], options: dict[str, Any]) -> None:
-    """Child: one process's share of the simulated nodes."""
-    result = asyncio.run(_exporters_async(conn, target, names, options))
+    """Child: one process's share of the simulated nodes (`_ingest_load`)."""
+    base = _node_messages("template", options["profile"], 0)
+    result = asyncio.run(run_load(conn, target, names, options, base))
     conn.send(result)
 
 
@@ -194,7 +232,7 @@ def _node_messages(name: str, profile: str, index: int) -> tuple[bytes, list[byt
     topo = replace(
         topo,
         fabric=FabricPosition(
-            tiers=(f"leaf-{index // _LEAF}", f"spine-{index // _SPINE}", "core"),
+            tiers=tuple(fabric_tiers(index)),
             source="inventory",
             confidence="high",
         ),
@@ -207,172 +245,6 @@ def _node_messages(name: str, profile: str, index: int) -> tuple[bytes, list[byt
         for gbps in (360.0, 361.0)
     ]
     return topology_to_proto(topo).SerializeToString(), deltas
-
-
-async def _exporters_async(
-    conn: Connection, target: str, names: list[str], options: dict[str, Any]
-) -> dict[str, Any]:
-    import grpc
-
-    from gputopo.runtime import grpcio
-    from gputopo.v1 import reporter_pb2 as rpb
-    from gputopo.v1 import topology_pb2 as tpb
-
-    rng = random.Random(options["seed"])
-    interval = options["delta_interval"]
-    base = _node_messages("template", options["profile"], 0)
-    # One HTTP/2 connection per 100 nodes (a local subchannel pool keeps channels with equal
-    # arguments from sharing one connection); a process's nodes go round them in turn.
-    channels = [
-        grpcio.channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range(max(1, len(names) // 100))
-    ]
-    samples: list[float] = []
-    counts: collections.Counter[str] = collections.Counter()
-    errors: list[str] = []
-    # Streams that ended before the bench stopped them (by status code, EOF when the server
-    # closed it cleanly), and nodes whose snapshot was never acknowledged: both are errors.
-    failed: collections.Counter[str] = collections.Counter()
-    unacked_snapshots = 0
-    stopping = False
-    acked = asyncio.Event()
-    pending_snapshots = len(names)
-    window = asyncio.get_running_loop().create_future()
-
-    async def node(i: int, slot: int, name: str) -> None:
-        nonlocal unacked_snapshots
-        topo = tpb.NodeTopology()
-        topo.ParseFromString(base[0])
-        topo.name = name
-        topo.fabric.tiers[:] = [f"leaf-{i // _LEAF}", f"spine-{i // _SPINE}", "core"]
-        incarnation, seq = time.time_ns(), 0
-        # Messages encoded once: the node's fixed fields and payload; each send appends only
-        # its sequence and send time (protobuf merges concatenated messages), so the generator
-        # spends its CPU on the wire, not on building messages.
-        head = rpb.ReportRequest(node_name=name, incarnation=incarnation)
-        encoded = {
-            "snapshot": [
-                rpb.ReportRequest(
-                    node_name=name,
-                    incarnation=incarnation,
-                    snapshot=rpb.Snapshot(topology=topo),
-                ).SerializeToString()
-            ],
-            "delta": [
-                head.SerializeToString()
-                + rpb.ReportRequest(delta=rpb.Delta.FromString(d)).SerializeToString()
-                for d in base[1]
-            ],
-            "heartbeat": [
-                rpb.ReportRequest(
-                    node_name=name, incarnation=incarnation, heartbeat=rpb.Heartbeat()
-                ).SerializeToString()
-            ],
-        }
-        call: Any = channels[slot % len(channels)].stream_stream(
-            "/gputopo.v1.Reporter/Report",
-            request_serializer=None,
-            response_deserializer=rpb.ReportResponse.FromString,
-        )()
-        sent: collections.deque[tuple[str, float]] = collections.deque()
-        settled = False
-
-        def settle(ok: bool) -> None:
-            """The node's snapshot was acknowledged (ok), or its stream failed first."""
-            nonlocal settled, pending_snapshots, unacked_snapshots
-            if not settled:
-                settled = True
-                unacked_snapshots += not ok
-                pending_snapshots -= 1
-                if pending_snapshots == 0:
-                    acked.set()
-
-        async def send(kind: str, k: int = 0) -> None:
-            nonlocal seq
-            seq += 1
-            stamp = rpb.ReportRequest(sequence=seq)
-            stamp.sent_at.FromNanoseconds(time.time_ns())
-            sent.append((kind, time.monotonic()))
-            await call.write(encoded[kind][k % len(encoded[kind])] + stamp.SerializeToString())
-
-        async def read() -> None:
-            try:
-                await read_acks()
-                if not stopping:
-                    failed["EOF"] += 1
-                    errors.append(f"{name}: the server ended the stream")
-            except grpc.aio.AioRpcError as err:
-                if not stopping:
-                    failed[err.code().name] += 1
-                    errors.append(f"{name}: {err.code().name} {err.details()}")
-            settle(False)
-
-        async def read_acks() -> None:
-            first = True
-            while True:
-                resp = await call.read()
-                if resp is grpc.aio.EOF:
-                    return
-                assert isinstance(resp, rpb.ReportResponse)
-                kind, at = sent.popleft()
-                now = time.monotonic()
-                if resp.status != rpb.ReportResponse.STATUS_ACCEPTED:
-                    errors.append(f"{name} seq {resp.acked_sequence}: status {resp.status}")
-                    continue
-                if first:
-                    first = False
-                    settle(True)
-                if window.done():
-                    start, end = window.result()
-                    if start <= at < end:
-                        counts[kind] += 1
-                        if kind == "delta":
-                            samples.append(now - at)
-
-        reader = asyncio.create_task(read())
-        try:
-            await send("snapshot")
-            await asyncio.sleep(rng.uniform(0, interval))
-            k = 0
-            while True:
-                await send("delta", k)
-                k += 1
-                await asyncio.sleep(interval / 2)
-                await send("heartbeat")
-                await asyncio.sleep(interval / 2)
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as err:
-            if not stopping:  # the reader records the stream's status; this is the write side
-                errors.append(f"{name}: write failed: {type(err).__name__}")
-        finally:
-            settle(False)
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                await reader
-            call.cancel()
-
-    tasks = [
-        asyncio.create_task(node(i, slot, n))
-        for slot, (i, n) in enumerate(zip(options["indices"], names, strict=True))
-    ]
-    await acked.wait()
-    conn.send(("ready", unacked_snapshots))
-    start, end = await asyncio.to_thread(conn.recv)
-    window.set_result((start, end))
-    await asyncio.sleep(max(0.0, end - time.monotonic()) + 3.0)  # outstanding acks
-    stopping = True
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    for channel in channels:
-        await channel.close()
-    return {
-        "samples": samples,
-        "counts": dict(counts),
-        "errors": errors,
-        "failed_streams": dict(failed),
-        "unacked_snapshots": unacked_snapshots,
-        "channels": len(channels),
-    }
 
 
 # --- one run ------------------------------------------------------------------------------------
@@ -389,10 +261,19 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     target = f"127.0.0.1:{port}"
     names = [f"bench-{i:05d}" for i in range(args.nodes)]
     workers = []
+    # Connecting is paced by the server (a few ms of its CPU per snapshot) and the machine may
+    # be shared: generous, and past it the window is measured anyway, with the nodes that did
+    # not connect counted as snapshots not acknowledged.
+    limit_s = args.settle_timeout or 120 + 0.03 * args.nodes
+    began = time.monotonic()
     for w in range(args.workers):
         share = list(range(w, args.nodes, args.workers))
         a, b = ctx.Pipe()
         options = {
+            "nodes_per_connection": args.nodes_per_connection,
+            "ramp": args.ramp / args.workers,
+            "in_flight": max(1, args.in_flight // args.workers),
+            "settle_by": began + limit_s,
             "delta_interval": args.delta_interval,
             "profile": args.profile,
             "seed": args.seed + w,
@@ -403,11 +284,10 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         )
         proc.start()
         workers.append((proc, a))
-    began = time.monotonic()
     unacked = 0
     for _, pipe in workers:
-        if not pipe.poll(300):
-            raise RuntimeError("an exporter process did not settle its nodes' snapshots")
+        if not pipe.poll(max(0.0, began + limit_s + 60 - time.monotonic())):
+            raise RuntimeError(f"a load process did not answer within {limit_s + 60:.0f} s")
         ready, failed = pipe.recv()
         assert ready == "ready"
         unacked += failed
@@ -515,7 +395,7 @@ def _memory(conn: Connection, nodes: int, profile: str) -> None:
     for i in range(nodes):
         msg = tpb.NodeTopology.FromString(data)
         msg.name = f"node-{i:05d}"
-        msg.fabric.tiers[:] = [f"leaf-{i // _LEAF}", f"spine-{i // _SPINE}", "core"]
+        msg.fabric.tiers[:] = fabric_tiers(i)
         topo = topology_from_proto(msg)
         gpus += topo.gpu_count
         state.apply_snapshot(topo, incarnation=1, sequence=1)
@@ -550,9 +430,21 @@ def _memory_figure(nodes: int, profile: str) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark and print its figures."""
-    if args.nodes < 1 or args.workers < 1 or args.duration <= 0 or args.delta_interval <= 0:
-        print("gputopo bench ingest: nodes, workers, duration and interval must be positive")
-        return 2
+    positive = {
+        "--nodes": args.nodes,
+        "--workers": args.workers,
+        "--duration": args.duration,
+        "--delta-interval": args.delta_interval,
+        "--nodes-per-connection": args.nodes_per_connection,
+        "--ramp": args.ramp,
+        "--in-flight": args.in_flight,
+    }
+    if args.settle_timeout < 0:
+        positive["--settle-timeout"] = args.settle_timeout
+    for option, value in positive.items():
+        if not value > 0:
+            print(f"gputopo bench ingest: {option} must be positive, not {value}")
+            return 2
     from gputopo.app.progress import Progress
 
     phases = 1 + (not args.no_baseline) + bool(args.memory_nodes)
