@@ -49,6 +49,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from operator import itemgetter
 
+import numpy as np
+
 from gputopo import cost
 from gputopo.links import LinkKind
 from gputopo.placement.links import EXACT_RING_GPUS, best_ring_of_matrix
@@ -156,6 +158,7 @@ def clear_caches() -> None:
     _small_ring_bucket.cache_clear()
     _whole_ring.cache_clear()
     _bucketed.cache_clear()
+    _bucketed_array.cache_clear()
     _small_ring.cache_clear()
     ceilings.cache_clear()
     twin_classes.cache_clear()
@@ -235,12 +238,24 @@ def search_work(
 class _Work:
     """Links one node's search may still look at; `short` once it had to stop early."""
 
-    __slots__ = ("budget", "left", "short")
+    __slots__ = ("budget", "left", "rings", "short")
 
     def __init__(self, budget: int | None = None) -> None:
         self.left = NODE_BUDGET if budget is None else budget
         self.budget = self.left
         self.short = False
+        self.rings: set[bool] = set()
+
+    def whole_ring(self, shape: NodeShape, *, bucketed: bool) -> tuple[int, ...]:
+        """`_whole_ring`, charged to this question the first time it uses it (cached or not,
+        so that what a question costs does not depend on what ran before). A question that
+        needs no ring of more than `EXACT_RING_GPUS` GPUs (one GPU, or a few on a small free
+        set) never computes one."""
+        order, units = _whole_ring(shape, bucketed=bucketed)
+        if bucketed not in self.rings:
+            self.rings.add(bucketed)
+            self.spend(units)
+        return order
 
     def spend(self, units: int) -> bool:
         """Charge `units`; False (and `short`) when there was nothing left to spend."""
@@ -277,7 +292,9 @@ def _search(
     pools = _pools(shape, free, count) if island else [free]
     if not pools:
         return None, 0
-    work = _start_work(shape, budget)
+    work = _Work(budget)
+    if count > EXACT_RING_GPUS:
+        work.whole_ring(shape, bucketed=True)  # `_score` skips through it
     scored: list[tuple[tuple[int, float, int], tuple[int, ...]]] = []
     for pool in pools:
         for subset in _candidates(shape, pool, count):
@@ -370,7 +387,9 @@ def _ring_alternatives(
         return ()
     free = _bits(free_mask)
     pools = _pools(shape, free, count) if island else [free]
-    work = _start_work(shape)
+    work = _Work()
+    if count > EXACT_RING_GPUS:
+        work.whole_ring(shape, bucketed=True)
     by_bucket: dict[int, list[tuple[tuple[int, float, int], tuple[int, ...]]]] = {}
     for pool in pools:
         for subset in _candidates(shape, pool, count):
@@ -399,7 +418,7 @@ def ceilings(shape: NodeShape, free_mask: int, count: int) -> tuple[float, float
     if count <= 0 or free_mask.bit_count() < count:
         return 0.0, 0.0
     ring = share = 0.0
-    work = _start_work(shape)
+    work = _Work()
     for subset in _candidates(shape, _bits(free_mask), count):
         ring = max(ring, _ring_ceiling(shape, subset, work))
         share = max(share, min(_nic_shares(shape, subset)[0], default=0.0))
@@ -413,8 +432,9 @@ def _ring_ceiling(shape: NodeShape, subset: tuple[int, ...], work: _Work) -> flo
     if k <= 1:
         return math.inf
     if k > EXACT_RING_GPUS:
+        order = work.whole_ring(shape, bucketed=False)
         work.spend(len(shape.bw))
-        return _skipped(shape.bw, _whole_ring(shape, bucketed=False)[0], subset)
+        return _skipped(shape.bw, order, subset)
     if work.left > 0:
         gbps, units = _small_ring(shape, subset)
         work.spend(units)
@@ -461,21 +481,25 @@ def twin_classes(shape: NodeShape) -> tuple[tuple[int, ...], ...]:
     """
     n = shape.gpu_count
     classes: list[list[int]] = []
+    bw, kind = shape.bw_array, shape.kind_array
     for g in range(n):
-        for c in classes:
-            h = c[0]
-            if (
-                shape.numa[g] == shape.numa[h]
-                and shape.nics[g] == shape.nics[h]
-                and shape.nvlink_gbps[g] == shape.nvlink_gbps[h]
-                and all(
-                    shape.bw[g][x] == shape.bw[h][x] and shape.kind[g][x] == shape.kind[h][x]
-                    for x in range(n)
-                    if x not in (g, h)
-                )
-            ):
-                c.append(g)
-                break
+        if classes:
+            # every class leader h at once: same links to every GPU but g and h themselves
+            leaders = np.array([c[0] for c in classes], dtype=np.intp)
+            same = (bw[leaders] == bw[g]) & (kind[leaders] == kind[g])
+            same[:, g] = True
+            same[np.arange(len(leaders)), leaders] = True
+            for i in np.flatnonzero(same.all(axis=1)).tolist():
+                h = classes[i][0]
+                if (
+                    shape.numa[g] == shape.numa[h]
+                    and shape.nics[g] == shape.nics[h]
+                    and shape.nvlink_gbps[g] == shape.nvlink_gbps[h]
+                ):
+                    classes[i].append(g)
+                    break
+            else:
+                classes.append([g])
         else:
             classes.append([g])
     return tuple(tuple(c) for c in classes)
@@ -532,6 +556,17 @@ def _rest_buckets(
 ) -> dict[tuple[int, ...], int]:
     """Term 4 for each subset the budget reaches: the ring bucket of the free GPUs it leaves."""
     out: dict[tuple[int, ...], int] = {}
+    if not subsets:
+        return out
+    if len(free) - len(subsets[0]) > EXACT_RING_GPUS:
+        order = work.whole_ring(shape, bucketed=True)
+        if all(len(s) == 1 for s in subsets):
+            left_by_one = _rest_of_one(shape, free, order)
+            for subset in subsets:
+                if not work.spend(len(shape.bw)):  # what `_ring_bucket` charges for it
+                    break
+                out[subset] = left_by_one[subset[0]]
+            return out
     for subset in subsets:
         taken = set(subset)
         bucket, units = _ring_bucket(shape, tuple(g for g in free if g not in taken))
@@ -539,6 +574,29 @@ def _rest_buckets(
             break
         out[subset] = bucket
     return out
+
+
+def _rest_of_one(shape: NodeShape, free: tuple[int, ...], order: tuple[int, ...]) -> dict[int, int]:
+    """`_ring_bucket(free without g)` for every free GPU g at once.
+
+    In the whole ring restricted to the free GPUs, leaving g out drops its two ring links and
+    adds the link between its neighbours; the bottleneck of the rest is the smallest of the
+    other links (prefix and suffix minima) and that new one: O(n) for all g, not O(n) each."""
+    inside = set(free)
+    ring = np.array([g for g in order if g in inside], dtype=np.intp)
+    matrix = _bucketed_array(shape)
+    after, before = np.roll(ring, -1), np.roll(ring, 1)
+    edge = matrix[ring, after]  # edge[i]: ring[i] -> ring[i + 1]
+    bridge = matrix[before, after]  # what joins ring[i - 1] to ring[i + 1] once ring[i] is gone
+    inf = np.array([np.inf])
+    prefix = np.concatenate([inf, np.minimum.accumulate(edge)])  # prefix[j] = min(edge[:j])
+    suffix = np.concatenate([np.minimum.accumulate(edge[::-1])[::-1], inf])  # min(edge[j:])
+    m = len(ring)
+    # ring[i] drops edge[i - 1] and edge[i]: the others are edge[:i - 1] and edge[i + 1:]
+    others = np.minimum(prefix[np.maximum(np.arange(m) - 1, 0)], suffix[np.arange(m) + 1])
+    others[0] = edge[1 : m - 1].min()
+    worst = np.minimum(others, bridge)
+    return {int(g): int(-w) for g, w in zip(ring.tolist(), worst.tolist(), strict=True)}
 
 
 def _ring_bucket(shape: NodeShape, gpus: tuple[int, ...]) -> tuple[int, int]:
@@ -549,14 +607,14 @@ def _ring_bucket(shape: NodeShape, gpus: tuple[int, ...]) -> tuple[int, int]:
     `EXACT_RING_GPUS` GPUs it is exact. Past that, it is the ring through the node's whole ring
     (`_whole_ring`) with the other GPUs skipped, O(n): on a PCIe tree every group of GPUs joined
     at one bandwidth is one run of that ring and stays one when GPUs are left out, so this is
-    the best ring; elsewhere it is a real ring, never an overestimate."""
+    the best ring; elsewhere it is a real ring, never an overestimate. The caller charges the
+    whole ring (`_Work.whole_ring`)."""
     k = len(gpus)
     if k <= 1:
         return _bucket(math.inf), 1
     if k > EXACT_RING_GPUS:
-        return int(-_skipped(_bucketed(shape), _whole_ring(shape, bucketed=True)[0], gpus)), len(
-            shape.bw
-        )
+        order = _whole_ring(shape, bucketed=True)[0]
+        return int(-_skipped(_bucketed(shape), order, gpus)), len(shape.bw)
     return _small_ring_bucket(shape, gpus)
 
 
@@ -581,17 +639,9 @@ def _skipped(
 @lru_cache(maxsize=256)
 def _whole_ring(shape: NodeShape, *, bucketed: bool) -> tuple[tuple[int, ...], int]:
     """A ring through every GPU of the node (on the bucket matrix or the real one), and the
-    links looked at to find it: charged once to each search that may skip through it."""
-    found = bounded_ring(_bucketed(shape) if bucketed else shape.bw)
+    links looked at to find it: charged once to each search that skips through it."""
+    found = bounded_ring(_bucketed_array(shape) if bucketed else shape.bw_array)
     return found.order, found.work
-
-
-def _start_work(shape: NodeShape, budget: int | None = None) -> _Work:
-    """A node's budget for one question, less the whole rings a big node's search uses."""
-    work = _Work(budget)
-    if shape.gpu_count > EXACT_RING_GPUS:
-        work.spend(_whole_ring(shape, bucketed=True)[1] + _whole_ring(shape, bucketed=False)[1])
-    return work
 
 
 def _dp_units(k: int) -> int:
@@ -612,17 +662,39 @@ def _submatrix(
 @lru_cache(maxsize=256)
 def _bucketed(shape: NodeShape) -> tuple[tuple[float, ...], ...]:
     """The bandwidth matrix with each link replaced by minus its bucket (higher is better)."""
-    memo: dict[float, float] = {}
-    rows = []
-    for row in shape.bw:
-        out = []
-        for gbps in row:
-            value = memo.get(gbps)
-            if value is None:
-                value = memo[gbps] = float(-_bucket(gbps))
-            out.append(value)
-        rows.append(tuple(out))
-    return tuple(rows)
+    return tuple(map(tuple, _bucketed_array(shape).tolist()))
+
+
+@lru_cache(maxsize=256)
+def _bucketed_array(shape: NodeShape) -> np.ndarray:
+    """`_bucketed` as a read-only array, computed once per distinct bandwidth (`_buckets`)."""
+    flat = shape.bw_array.ravel()
+    order = np.argsort(flat)
+    ranked = flat[order]
+    first = np.empty(len(ranked), dtype=bool)
+    first[:1] = True
+    first[1:] = ranked[1:] != ranked[:-1]
+    inverse = np.empty(len(flat), dtype=np.intp)
+    inverse[order] = np.cumsum(first) - 1
+    # (not np.unique: its first call imports numpy.ma, 20 ms on a cold Place)
+    out = -_buckets(ranked[first])[inverse].reshape(shape.gpu_count, shape.gpu_count)
+    out.flags.writeable = False
+    return out
+
+
+def _buckets(gbps: np.ndarray) -> np.ndarray:
+    """`_bucket` of each bandwidth, as floats, bit for bit: numpy's logarithm may differ from
+    the math module's in the last place, so values whose bucket lies within 1e-9 of a bucket
+    edge (and 0 or infinite ones) are bucketed by `_bucket` itself."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        exact = np.log(1.0 / gbps) / math.log(cost.TIME_BUCKET_RATIO)
+        floor = np.floor(exact)
+        unsure = (exact - floor < 1e-9) | (floor + 1 - exact < 1e-9) | ~np.isfinite(exact)
+    out = floor.astype(np.float64)
+    unsure |= ~(gbps > 0) | ~np.isfinite(gbps)
+    for i in np.flatnonzero(unsure).tolist():
+        out[i] = float(_bucket(float(gbps[i])))
+    return out
 
 
 def _bucket(gbps: float) -> int:
