@@ -206,12 +206,14 @@ def _signature(
     b_kind = _column(links, "b.kind", int)
     a_index = _column(links, "a.index", int)
     b_index = _column(links, "b.index", int)
+    gbps_all = _bandwidths(links, now)
+    kind_all = _column(links, "kind", int)
     pairs = np.flatnonzero((a_kind == gpu) & (b_kind == gpu) & (a_index < n) & (b_index < n))
     bw = np.zeros((n, n), dtype=np.float64)
     kind_of = np.full((n, n), int(LinkKind.SYS), dtype=np.int64)
     if len(pairs):
-        gbps = _round3(_bandwidths(links, now)[pairs])
-        kinds = _column(links, "kind", int)[pairs]
+        gbps = _round3(gbps_all[pairs])
+        kinds = kind_all[pairs]
         a, b = a_index[pairs], b_index[pairs]
         bw[a, b] = gbps
         bw[b, a] = gbps
@@ -219,19 +221,30 @@ def _signature(
         kind_of[b, a] = kinds
     np.fill_diagonal(kind_of, int(LinkKind.NVLINK))
     members = {int(k): k for k in LinkKind}
-    nic_links: list[list[Link]] = [[] for _ in range(n)]
-    to_nic = ((a_kind == gpu) & (b_kind == nic) & (a_index < n)) | (
-        (b_kind == gpu) & (a_kind == nic) & (b_index < n)
+    # GPU-NIC links: which GPU, which NIC (the other end), and only NICs that exist and are up
+    gpu_end = np.where(a_kind == gpu, a_index, b_index)
+    nic_end = np.where(a_kind == gpu, b_index, a_index)
+    up = np.array([nic.up for nic in topology.nics] + [False], dtype=bool)
+    known = (nic_end >= 0) & (nic_end < len(topology.nics))
+    to_nic = np.flatnonzero(
+        (((a_kind == gpu) & (b_kind == nic)) | ((b_kind == gpu) & (a_kind == nic)))
+        & (gpu_end < n)
+        & known
+        & up[np.where(known, nic_end, len(topology.nics))]
     )
-    for i in np.flatnonzero(to_nic).tolist():
-        link = links[i]
-        nic_links[link.a.index if link.a.kind is DeviceKind.GPU else link.b.index].append(link)
     signature = (
         n,
         tuple(map(tuple, bw.tolist())),
         tuple(tuple(map(members.__getitem__, row)) for row in kind_of.tolist()),
         tuple(g.numa_node for g in topology.gpus),
-        _nearest_nics(topology, nic_links, now),
+        _nearest_nics(
+            topology,
+            n,
+            gpus=gpu_end[to_nic],
+            nics=nic_end[to_nic],
+            kinds=kind_all[to_nic],
+            paths=gbps_all[to_nic],
+        ),
         tuple(nic.name for nic in topology.nics),
         tuple(
             bandwidth.nvlink_gbps(lanes=g.nvlink_lanes, generation=g.nvlink_generation or None)
@@ -280,29 +293,28 @@ def _round3(values: np.ndarray) -> np.ndarray:
 
 
 def _nearest_nics(
-    topology: NodeTopology, nic_links: list[list[Link]], now: float | None
+    topology: NodeTopology,
+    n: int,
+    *,
+    gpus: np.ndarray,
+    nics: np.ndarray,
+    kinds: np.ndarray,
+    paths: np.ndarray,
 ) -> tuple[tuple[tuple[int, float], ...], ...]:
-    """Each GPU's nearest up NICs (best link kind) as (NIC index, GB/s through it)."""
-    nics: list[tuple[tuple[int, float], ...]] = []
-    for links in nic_links:
-        up = []
-        for link in links:
-            ref = link.b if link.b.kind is DeviceKind.NIC else link.a
-            if 0 <= ref.index < len(topology.nics) and topology.nics[ref.index].up:
-                up.append((link.kind, ref.index, link))
-        if not up:
-            nics.append(())
-            continue
-        best = min(k for k, _, _ in up)
-        near = []
-        for k, idx, link in sorted(up, key=lambda t: (t[0], t[1])):
-            if k != best:
-                continue
-            line = bandwidth.nic_gbps(topology.nics[idx].speed_mbps)
-            path = link.bandwidth_gbps(now=now)
-            near.append((idx, round(min(line, path) if path > 0 else line, 3)))
-        nics.append(tuple(near))
-    return tuple(nics)
+    """Each GPU's nearest up NICs (best link kind) as (NIC index, GB/s through it: the NIC's
+    line rate, or the path's bandwidth when that is known and lower), from the GPU-NIC links
+    to up NICs given column by column."""
+    best = np.full(n + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(best, gpus, kinds)
+    near = np.flatnonzero(kinds == best[gpus])
+    near = near[np.lexsort((nics[near], gpus[near]))]
+    out: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    for g, idx, path in zip(
+        gpus[near].tolist(), nics[near].tolist(), paths[near].tolist(), strict=True
+    ):
+        line = bandwidth.nic_gbps(topology.nics[idx].speed_mbps)
+        out[g].append((idx, round(min(line, path) if path > 0 else line, 3)))
+    return tuple(map(tuple, out))
 
 
 def measurement_expiry(topology: NodeTopology, max_age_s: float) -> float:

@@ -479,28 +479,28 @@ def twin_classes(shape: NodeShape) -> tuple[tuple[int, ...], ...]:
     kind and they share NUMA node, nearest NICs and NVLink rate; the relation is transitive, so
     it partitions the GPUs.
     """
-    n = shape.gpu_count
     classes: list[list[int]] = []
     bw, kind = shape.bw_array, shape.kind_array
-    for g in range(n):
-        if classes:
-            # every class leader h at once: same links to every GPU but g and h themselves
-            leaders = np.array([c[0] for c in classes], dtype=np.intp)
-            same = (bw[leaders] == bw[g]) & (kind[leaders] == kind[g])
-            same[:, g] = True
-            same[np.arange(len(leaders)), leaders] = True
-            for i in np.flatnonzero(same.all(axis=1)).tolist():
-                h = classes[i][0]
-                if (
-                    shape.numa[g] == shape.numa[h]
-                    and shape.nics[g] == shape.nics[h]
-                    and shape.nvlink_gbps[g] == shape.nvlink_gbps[h]
-                ):
-                    classes[i].append(g)
-                    break
-            else:
-                classes.append([g])
+    # Twins have equal rows once sorted (their link to each other is in both, their 0 and
+    # NVLINK diagonal too): only classes whose leader's sorted rows match can take a GPU.
+    sorted_bw, sorted_kind = np.sort(bw, axis=1), np.sort(kind, axis=1)
+    by_rows: dict[tuple[bytes, bytes], list[int]] = {}
+    for g in range(shape.gpu_count):
+        similar = by_rows.setdefault((sorted_bw[g].tobytes(), sorted_kind[g].tobytes()), [])
+        for i in similar:
+            h = classes[i][0]
+            same = (bw[g] == bw[h]) & (kind[g] == kind[h])
+            same[[g, h]] = True
+            if (
+                same.all()
+                and shape.numa[g] == shape.numa[h]
+                and shape.nics[g] == shape.nics[h]
+                and shape.nvlink_gbps[g] == shape.nvlink_gbps[h]
+            ):
+                classes[i].append(g)
+                break
         else:
+            similar.append(len(classes))
             classes.append([g])
     return tuple(tuple(c) for c in classes)
 
@@ -764,11 +764,11 @@ def _grow(shape: NodeShape, pool: tuple[int, ...], start: int, count: int) -> tu
     index on ties) until `count`: Prim's algorithm on the widest links, which on a PCIe tree
     or NVSwitch ends inside the smallest switch that holds `count` GPUs around `start`."""
     chosen = [start]
-    weakest = {g: shape.bw[start][g] for g in pool if g != start}
+    others = np.array([g for g in pool if g != start], dtype=np.intp)  # ascending
+    weakest = shape.bw_array[start, others]  # a copy
     while len(chosen) < count:
-        nxt = max(sorted(weakest), key=weakest.__getitem__)
-        chosen.append(nxt)
-        del weakest[nxt]
-        row = shape.bw[nxt]
-        weakest = {g: min(w, row[g]) for g, w in weakest.items()}
+        i = int(np.argmax(weakest))  # the first of equals: the lowest index
+        chosen.append(int(others[i]))
+        np.minimum(weakest, shape.bw_array[others[i], others], out=weakest)
+        weakest[i] = -np.inf  # taken (bandwidths are never negative)
     return tuple(sorted(chosen))
