@@ -34,8 +34,8 @@ from gputopo.cluster import ClusterSnapshot, NodeState
 from gputopo.codec import topology_from_proto, topology_to_proto
 from gputopo.placement import intranode, place
 from gputopo.request import request_from_mapping
-from gputopo.shape import node_shape
 from gputopo.runtime.placement_client import PlacementClient
+from gputopo.shape import node_shape
 from gputopo.topology import DeviceKind, Measurement
 from gputopo.v1 import topology_pb2 as tpb
 
@@ -89,7 +89,7 @@ def measure(directory: Path) -> dict[str, float]:
         out[f"inproc_{g}"] = round(time.perf_counter() - start, 3)
         out[f"cpu_inproc_{g}"] = round(time.process_time() - cpu, 3)
         assert result.placed, result.reason
-    copies = [dataclasses.replace(t, links=tuple(list(t.links))) for t in topologies]
+    copies = [dataclasses.replace(t) for t in topologies]  # new link tuples: read afresh
     start = time.perf_counter()
     for topo in copies:
         node_shape(topo, now=time.time())
