@@ -4,8 +4,8 @@ The handover after a crash is bounded by the lease (client-go's rules, `gputopo.
 the follower takes over once the record it last saw has not changed for `lease_duration_s`,
 checking every `retry_period_s`. On real time that bound cannot be asserted tightly on a loaded
 machine; on loop time the waits take no real time and what the test reads is exact, while every
-API call is real (the loop's clock stands still while a call is in flight), so the shipped
-durations (15 s lease, 2 s retry) are checked as they are.
+API call is real (the loop's clock stands still while a call is in flight), so the durations
+the command ships (5 / 3 / 1 s) and client-go's (15 / 10 / 2 s) are checked as they are.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import pytest
 
+from gputopo.app.commands.aggregator import LEASE_DURATION_S, RENEW_DEADLINE_S, RETRY_PERIOD_S
 from gputopo.runtime.kube import KubeClient
 from gputopo.runtime.leader import LeaderElector, LeaseConfig
 from tests import looptime
@@ -36,15 +37,30 @@ async def _until(check: Callable[[], bool], *, within_s: float) -> float:
     return loop.time() - began
 
 
-def _config(scope: KubeScope) -> LeaseConfig:
-    return LeaseConfig(namespace=scope.namespace, name=scope.name("lease"))  # shipped timing
+SHIPPED = (LEASE_DURATION_S, RENEW_DEADLINE_S, RETRY_PERIOD_S)  # `gputopo aggregator`'s flags
+CLIENT_GO = (15.0, 10.0, 2.0)  # LeaseConfig's defaults
 
 
+def _config(scope: KubeScope, timing: tuple[float, float, float] = SHIPPED) -> LeaseConfig:
+    lease, renew, retry = timing
+    return LeaseConfig(
+        namespace=scope.namespace,
+        name=scope.name("lease"),
+        lease_duration_s=lease,
+        renew_deadline_s=renew,
+        retry_period_s=retry,
+    )
+
+
+@pytest.mark.parametrize("timing", [SHIPPED, CLIENT_GO], ids=["shipped", "client-go"])
 @pytest.mark.parametrize("crash", [True, False], ids=["a crash", "a clean stop"])
 def test_a_follower_takes_over_when_the_lease_runs_out_or_is_released(
-    kube_apiserver: KubeApiServer, kube_scope: KubeScope, crash: bool
+    kube_apiserver: KubeApiServer,
+    kube_scope: KubeScope,
+    crash: bool,
+    timing: tuple[float, float, float],
 ) -> None:
-    cfg = _config(kube_scope)
+    cfg = _config(kube_scope, timing)
     lease, retry = cfg.lease_duration_s, cfg.retry_period_s
 
     async def body() -> float:
