@@ -128,106 +128,105 @@ def test_simulator_and_real_binder_place_and_finish_the_same(
             kube.close()
 
     async def drive(kube: KubeClient, agg: Aggregator, b: Binder) -> dict[str, Any]:
-        if True:  # (the body of the former `async with`)
-            started: dict[str, float] = {}
-            finished: list[str] = []
-            placements: dict[str, dict[str, list[int]]] = {}
-            reservations: dict[str, str] = {}
-            pending = list(jobs)
-            written: dict[str, int] = {}  # pod -> resource version of the driver's last write
+        started: dict[str, float] = {}
+        finished: list[str] = []
+        placements: dict[str, dict[str, list[int]]] = {}
+        reservations: dict[str, str] = {}
+        pending = list(jobs)
+        written: dict[str, int] = {}  # pod -> resource version of the driver's last write
 
-            def wrote(pod: Mapping[str, Any]) -> None:
-                meta = pod["metadata"]
-                written[meta["name"]] = int(meta["resourceVersion"])
+        def wrote(pod: Mapping[str, Any]) -> None:
+            meta = pod["metadata"]
+            written[meta["name"]] = int(meta["resourceVersion"])
 
-            async def binder_saw_every_write() -> bool:
-                seen = {
-                    p["metadata"]["name"]: int(p["metadata"]["resourceVersion"])
-                    for p in b.pods.cache.values()
-                    if p["metadata"]["namespace"] == ns
-                }
-                return all(seen.get(pod, -1) >= rv for pod, rv in written.items())
+        async def binder_saw_every_write() -> bool:
+            seen = {
+                p["metadata"]["name"]: int(p["metadata"]["resourceVersion"])
+                for p in b.pods.cache.values()
+                if p["metadata"]["namespace"] == ns
+            }
+            return all(seen.get(pod, -1) >= rv for pod, rv in written.items())
 
-            async def bound() -> dict[str, dict[str, list[int]]]:
-                out: dict[str, dict[str, list[int]]] = {}
-                counts: dict[str, int] = {}
-                for pod in await pods_of(kube, ns):
-                    node = pod["spec"].get("nodeName")
-                    if not node:
-                        continue
-                    job = pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"]
-                    ann = pod["metadata"]["annotations"]
-                    reservations[job] = ann["gputopo.io/reservation"]
-                    gpus = ann["gputopo.io/gpus"].split(",")
-                    out.setdefault(job, {}).setdefault(node, []).extend(int(g) for g in gpus)
-                    counts[job] = counts.get(job, 0) + 1
-                return {
-                    j: {n: sorted(g) for n, g in a.items()}
-                    for j, a in out.items()
-                    if counts[j] == by_name[j].request.groups[0].pods
-                }
+        async def bound() -> dict[str, dict[str, list[int]]]:
+            out: dict[str, dict[str, list[int]]] = {}
+            counts: dict[str, int] = {}
+            for pod in await pods_of(kube, ns):
+                node = pod["spec"].get("nodeName")
+                if not node:
+                    continue
+                job = pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"]
+                ann = pod["metadata"]["annotations"]
+                reservations[job] = ann["gputopo.io/reservation"]
+                gpus = ann["gputopo.io/gpus"].split(",")
+                out.setdefault(job, {}).setdefault(node, []).extend(int(g) for g in gpus)
+                counts[job] = counts.get(job, 0) + 1
+            return {
+                j: {n: sorted(g) for n, g in a.items()}
+                for j, a in out.items()
+                if counts[j] == by_name[j].request.groups[0].pods
+            }
 
-            async def settle(now: float) -> None:
-                """Wait until the binder has received every change made so far and acted on
-                everything it can (its own signal, `Binder.idle`)."""
-                await _eventually(binder_saw_every_write, "the binder's cache holds every write")
-                # 30 s: only a binder that never settles comes near it (it takes under 1 s)
-                await asyncio.wait_for(b.idle(), timeout=30)
-                for job, alloc in (await bound()).items():
-                    if job not in started:
-                        started[job] = now
-                        placements[job] = alloc
-                        for pod in range(by_name[job].request.groups[0].pods):
-                            wrote(await _phase(kube, ns, f"{job}-{pod}", "Running"))
+        async def settle(now: float) -> None:
+            """Wait until the binder has received every change made so far and acted on
+            everything it can (its own signal, `Binder.idle`)."""
+            await _eventually(binder_saw_every_write, "the binder's cache holds every write")
+            # 30 s: only a binder that never settles comes near it (it takes under 1 s)
+            await asyncio.wait_for(b.idle(), timeout=30)
+            for job, alloc in (await bound()).items():
+                if job not in started:
+                    started[job] = now
+                    placements[job] = alloc
+                    for pod in range(by_name[job].request.groups[0].pods):
+                        wrote(await _phase(kube, ns, f"{job}-{pod}", "Running"))
 
-            while pending or len(finished) < len(started):
-                next_arrival = pending[0].arrival if pending else math.inf
-                ends = [(started[j] + by_name[j].duration, j) for j in started if j not in finished]
-                next_end = min(ends)[0] if ends else math.inf
-                now = min(next_arrival, next_end)
-                if math.isinf(now):
-                    break
-                for end, job in sorted(ends):
-                    if end <= now:
-                        for pod in range(by_name[job].request.groups[0].pods):
-                            wrote(await _phase(kube, ns, f"{job}-{pod}", "Succeeded"))
-                        finished.append(job)
+        while pending or len(finished) < len(started):
+            next_arrival = pending[0].arrival if pending else math.inf
+            ends = [(started[j] + by_name[j].duration, j) for j in started if j not in finished]
+            next_end = min(ends)[0] if ends else math.inf
+            now = min(next_arrival, next_end)
+            if math.isinf(now):
+                break
+            for end, job in sorted(ends):
+                if end <= now:
+                    for pod in range(by_name[job].request.groups[0].pods):
+                        wrote(await _phase(kube, ns, f"{job}-{pod}", "Succeeded"))
+                    finished.append(job)
 
-                        async def released(rid: str = reservations[job]) -> bool:
-                            return agg.state.reservation(rid) is None
+                    async def released(rid: str = reservations[job]) -> bool:
+                        return agg.state.reservation(rid) is None
 
-                        await _eventually(released, f"the reservation of {job} released")
-                if len(started) < len(jobs) - len(pending):
-                    # Jobs wait: let the binder retry them on the freed GPUs before new arrivals
-                    # compete (the replay's queue is first come, first served).
-                    await settle(now)
-                while pending and pending[0].arrival <= now:
-                    job = pending.pop(0)
-                    group = job.request.groups[0]
-                    request = {
-                        "groups": [
-                            {
-                                "name": "train",
-                                "pods": group.pods,
-                                "gpus_per_pod": group.gpus_per_pod,
-                                "pattern": "all_reduce",
-                            }
-                        ]
-                    }
-                    await create(
-                        kube, PODGROUPS.format(ns=ns), pod_group(ns, job.name, group.pods, request)
-                    )
-                    for pod in range(group.pods):
-                        body = gpu_pod(
-                            ns,
-                            f"{job.name}-{pod}",
-                            group.gpus_per_pod,
-                            scheduler=name,
-                            pod_group=job.name,
-                        )
-                        wrote(await create(kube, f"/api/v1/namespaces/{ns}/pods", body))
+                    await _eventually(released, f"the reservation of {job} released")
+            if len(started) < len(jobs) - len(pending):
+                # Jobs wait: let the binder retry them on the freed GPUs before new arrivals
+                # compete (the replay's queue is first come, first served).
                 await settle(now)
-            return {"placements": placements, "order": finished}
+            while pending and pending[0].arrival <= now:
+                job = pending.pop(0)
+                group = job.request.groups[0]
+                request = {
+                    "groups": [
+                        {
+                            "name": "train",
+                            "pods": group.pods,
+                            "gpus_per_pod": group.gpus_per_pod,
+                            "pattern": "all_reduce",
+                        }
+                    ]
+                }
+                await create(
+                    kube, PODGROUPS.format(ns=ns), pod_group(ns, job.name, group.pods, request)
+                )
+                for pod in range(group.pods):
+                    body = gpu_pod(
+                        ns,
+                        f"{job.name}-{pod}",
+                        group.gpus_per_pod,
+                        scheduler=name,
+                        pod_group=job.name,
+                    )
+                    wrote(await create(kube, f"/api/v1/namespaces/{ns}/pods", body))
+            await settle(now)
+        return {"placements": placements, "order": finished}
 
     got = run(body(), timeout_s=280)
     assert got["placements"] == want["placements"]
