@@ -36,7 +36,11 @@ links), because:
 - rings are compared by bucket on a matrix of buckets (`_bucketed`), where measurement noise
   inside a bucket vanishes and a PCIe tree stays a tree, so the polynomial ring proves itself;
 - the ring of what stays free (term 4) is the free GPUs' ring with the subset skipped (O(n) per
-  subset, exact on trees, a real ring elsewhere), not a new search per subset.
+  subset, exact on trees, a real ring elsewhere; for one GPU, every candidate's at once), not a
+  new search per subset;
+- a whole ring is computed and charged only to a question that skips through one (`_Work`): a
+  question whose rings, and those of what it leaves free, have at most `EXACT_RING_GPUS` GPUs
+  computes none.
 """
 
 from __future__ import annotations
