@@ -51,7 +51,7 @@ from gputopo.codec.placement import request_json_with_wire_names
 from gputopo.core import PlacementError
 from gputopo.pods import pod_ask
 from gputopo.request import RequestError
-from gputopo.runtime.identity import caller_of_http
+from gputopo.runtime.identity import caller_of_http, groups_of_http
 from gputopo.v1 import placement_pb2 as ppb
 
 __all__ = ["GPU_RESOURCE", "add_placement_routes"]
@@ -87,7 +87,7 @@ def _caller(request: web.Request) -> str:
 def _mirror(
     handler: Callable[[Any, str], Awaitable[Message]],
     message_type: type[Message],
-    gate: Callable[[Message, str], str | None] = lambda _msg, _caller: None,
+    gate: Callable[[Message, str, frozenset[str]], str | None] = lambda _msg, _caller, _g: None,
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     """An aiohttp handler that parses `message_type` from JSON, calls `handler` with it and the
     caller's identity, answers JSON.
@@ -114,7 +114,9 @@ def _mirror(
         except json_format.ParseError as err:
             return _error("INVALID_ARGUMENT", f"body: {err}")
         caller = _caller(request)
-        if (why := gate(msg, caller)) is not None:  # the gRPC method's role (aggregator.roles)
+        transport = request.transport
+        groups = groups_of_http(transport.get_extra_info("peercert") if transport else None)
+        if (why := gate(msg, caller, groups)) is not None:  # the method's role (aggregator.roles)
             return _error("PERMISSION_DENIED", why)
         try:
             return web.json_response(_to_json(await handler(msg, caller)))
@@ -267,12 +269,13 @@ def add_placement_routes(
     async def explain(msg: ppb.ExplainRequest, _caller: str) -> Message:
         return await service.explain(msg)
 
-    def gate(method: str) -> Callable[[Message, str], str | None]:
-        def check(msg: Message, caller: str) -> str | None:
+    def gate(method: str) -> Callable[[Message, str, frozenset[str]], str | None]:
+        def check(msg: Message, caller: str, groups: frozenset[str]) -> str | None:
             if roles is None:
                 return None
             rid = getattr(msg, "reservation_id", "") if method.endswith("/Explain") else ""
-            why = roles.denial(method, caller, holder=holder_of(rid) if rid else None)
+            holder = holder_of(rid) if rid else None
+            why = roles.denial(method, caller, holder=holder, groups=groups)
             return None if why is None else f"{method}: {why}"
 
         return check

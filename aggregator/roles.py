@@ -14,6 +14,10 @@ method name, which the HTTP mirror borrows) and `Roles` says which names hold it
 - **read** (GetTopology, WatchTopology): every caller but exporters and nodes;
 - the extender's verbs keep their own list (`--extender-client`).
 
+An entry of these lists is a certificate's common name, or `group:ORG` for every certificate
+with that Organization (O=) in its subject, as Kubernetes reads groups from client
+certificates: a team's certificates share one entry, and a new member needs no flag change.
+
 Over plain text there are no names, and no roles are enforced (`Roles.enforced` is False):
 everything the README says about plain text holds.
 """
@@ -29,10 +33,11 @@ from typing import Any
 
 import grpc
 
-from gputopo.runtime.identity import NODE_PREFIX, caller_of_rpc
+from gputopo.runtime.identity import NODE_PREFIX, caller_of_rpc, groups_of_rpc
 
 __all__ = [
     "DEFAULT_EXPORTER_CLIENTS",
+    "GROUP_PREFIX",
     "METHOD_ROLES",
     "Role",
     "RoleInterceptor",
@@ -43,6 +48,15 @@ log = logging.getLogger(__name__)
 
 # The certificate the manifests give every exporter (Secret gputopo-exporter-tls).
 DEFAULT_EXPORTER_CLIENTS = ("gputopo-exporter",)
+# An entry naming a certificate Organization (a Kubernetes group) rather than a common name.
+GROUP_PREFIX = "group:"
+
+
+def _named(entries: frozenset[str], caller: str, groups: frozenset[str]) -> bool:
+    """Whether `entries` name the caller: its common name, or `group:` one of its groups."""
+    if caller in entries and not caller.startswith(GROUP_PREFIX):
+        return True
+    return any(GROUP_PREFIX + group in entries for group in groups)
 
 
 class Role(enum.Enum):
@@ -90,24 +104,38 @@ class Roles:
             frozenset(operators),
         )
 
-    def node_agent(self, caller: str) -> bool:
-        """An exporter's certificate or a node's: it reports, and does nothing else."""
-        return caller in self.exporter_clients or caller.startswith(NODE_PREFIX)
+    @property
+    def uses_groups(self) -> bool:
+        """Whether any entry names a group (else a caller's groups need not be read)."""
+        entries = self.exporter_clients | self.placement_clients | self.operators
+        return any(e.startswith(GROUP_PREFIX) for e in entries)
 
-    def denial(self, method: str, caller: str, *, holder: str | None = None) -> str | None:
-        """Why `caller` may not call `method` (one line), or None. `holder` is the holder of
-        the reservation an Explain names (None: no such reservation, or not an Explain)."""
+    def node_agent(self, caller: str, groups: frozenset[str] = frozenset()) -> bool:
+        """An exporter's certificate or a node's: it reports, and does nothing else."""
+        return _named(self.exporter_clients, caller, groups) or caller.startswith(NODE_PREFIX)
+
+    def denial(
+        self,
+        method: str,
+        caller: str,
+        *,
+        holder: str | None = None,
+        groups: frozenset[str] = frozenset(),
+    ) -> str | None:
+        """Why `caller` (with its certificate's `groups`) may not call `method` (one line), or
+        None. `holder` is the holder of the reservation an Explain names (None: no such
+        reservation, or not an Explain)."""
         if not self.enforced:
             return None
         role = METHOD_ROLES.get(method)
         if role is None or role is Role.REPORT:
             return None
-        if caller in self.operators:
+        if _named(self.operators, caller, groups):
             return None
-        if self.node_agent(caller):
+        if self.node_agent(caller, groups):
             return f"{caller!r} is a node agent's certificate: it may Report only"
         named = self.placement_clients
-        if role in (Role.PLACE, Role.EXPLAIN) and named and caller not in named:
+        if role in (Role.PLACE, Role.EXPLAIN) and named and not _named(named, caller, groups):
             listed = ", ".join(sorted(named))
             return f"{caller!r} is not a placement client (--placement-client: {listed})"
         if role is Role.EXPLAIN and holder is not None and holder != caller:
@@ -147,11 +175,12 @@ class RoleInterceptor(grpc.aio.ServerInterceptor):
 
         async def checked(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             caller = caller_of_rpc(context)
+            groups = groups_of_rpc(context) if self.roles.uses_groups else frozenset()
             holder = None
             rid = getattr(request, "reservation_id", "")
             if METHOD_ROLES[method] is Role.EXPLAIN and isinstance(rid, str) and rid:
                 holder = self._holder_of(rid)
-            why = self.roles.denial(method, caller, holder=holder)
+            why = self.roles.denial(method, caller, holder=holder, groups=groups)
             if why is not None:
                 self.denied += 1
                 log.warning("%s refused to %s: %s", method, caller or "?", why)

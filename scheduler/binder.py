@@ -238,6 +238,7 @@ def node_informer(kube: KubeClient) -> Informer[dict[str, Any]]:
 
 
 _SETTLED = Decision(Status.SUCCESS, Step.KEEP, "bound")
+_BACKING_OFF = Decision(Status.UNSCHEDULABLE, Step.WAIT, "backing off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +275,7 @@ class Binder:
         self.nodes = node_informer(kube)
         # Nodes kube-scheduler's default filters would allow each pod (cordons, taints, affinity,
         # allocatable less what bound pods request, host ports); a change wakes a pass.
-        self.fitness = NodeFitness(kube, self._wake.set)
+        self.fitness = NodeFitness(kube, self._capacity_moved)
         # Reservations known committed (or adopted after they expired): never undone.
         self._committed: set[str] = set()
         # Reservation -> uids of the pods that record it: it is released once none is live.
@@ -301,6 +302,35 @@ class Binder:
         self._skipped: set[GroupKey] = set()  # in flight when a pass wanted to look at them
         self._limit = asyncio.Semaphore(max(1, self.config.parallel_groups))
         self._uuid_cache: dict[str, dict[int, str]] = {}
+        # Idleness (`idle`): `_capacity` counts what may let a waiting group fit (a release,
+        # a node change); `_tried` is the count each waiting group was last tried at.
+        self._capacity = 0
+        self._tried: dict[GroupKey, int] = {}
+        self._idle = asyncio.Event()
+
+    async def idle(self) -> None:
+        """Return once the binder has acted on everything it can: no group in flight, every
+        pod event it received looked at, and every waiting group tried since GPUs or nodes
+        last changed. For callers that change the cluster and must see the outcome (a
+        simulation driving the real binder), instead of a guess at how long that takes. The
+        binder must have received the caller's change first (wait for its pod cache)."""
+        await self._idle.wait()
+
+    def _capacity_moved(self) -> None:
+        self._capacity += 1
+        self._idle.clear()
+        self._wake.set()
+
+    def _check_idle(self) -> None:
+        if (
+            not self._inflight
+            and not self._dirty
+            and not self._skipped
+            and all(self._tried.get(k) == self._capacity for k in self._pending)
+        ):
+            self._idle.set()
+        else:
+            self._idle.clear()
 
     async def run(self) -> None:
         """Keep the pod cache and run passes until cancelled."""
@@ -330,6 +360,7 @@ class Binder:
 
     def _touch(self, pod: Mapping[str, Any]) -> None:
         self._dirty.add(group_key(pod))
+        self._idle.clear()
         self._wake.set()
 
     def _groups(self) -> tuple[dict[GroupKey, _Pass], set[GroupKey]]:
@@ -369,6 +400,7 @@ class Binder:
             self._full_at = now + self.config.resync_s
         look = set(groups) if full else self._dirty & set(groups)
         self._dirty -= look
+        self._dirty &= set(groups)  # a group whose pods are all gone has nothing to do
         for key in sorted(look):
             group = groups[key]
             if key in self._inflight:
@@ -384,12 +416,14 @@ class Binder:
                 with contextlib.suppress(KubeError):
                     await self._write_status(group, _SETTLED)
                 continue
+            self._idle.clear()
             self._inflight[key] = asyncio.create_task(self._work(group), name=f"group {key}")
         self._pending &= set(groups)
         self.stats.groups_pending = len(self._pending)
         await self._release_finished()
+        self._check_idle()
         tables = (self._began, self._specs, self._spec_at, self._status, self._started, self._told)
-        for table in (*tables, self._retry_at):
+        for table in (*tables, self._retry_at, self._tried):
             for key in [k for k in table if k not in groups and k not in self._inflight]:
                 table.pop(key, None)
 
@@ -420,11 +454,14 @@ class Binder:
     async def _work(self, group: _Pass) -> None:
         try:
             async with self._limit:
+                capacity = self._capacity
                 decision = await self._guarded(group)
                 if decision.status is Status.SUCCESS:
                     self._pending.discard(group.key)
                 else:
                     self._pending.add(group.key)
+                if decision is not _BACKING_OFF:
+                    self._tried[group.key] = capacity
                 with contextlib.suppress(KubeError):
                     await self._write_status(group, decision)
         finally:
@@ -433,6 +470,7 @@ class Binder:
                 self._skipped.discard(group.key)
                 self._dirty.add(group.key)
                 self._wake.set()
+            self._check_idle()
 
     async def _guarded(self, group: _Pass) -> Decision:
         """`_one_group`, with every failure kept to this group: said, counted, retried."""
@@ -487,7 +525,7 @@ class Binder:
         if not waiting:
             return Decision(Status.SUCCESS, Step.KEEP, "bound")
         if time.monotonic() < self._retry_at.get(key, 0.0):
-            return Decision(Status.UNSCHEDULABLE, Step.WAIT, "backing off")
+            return _BACKING_OFF
         spec = await self._spec(key, pods)
         if spec is None:
             return Decision(Status.WAIT, Step.WAIT, "its group object is not there (yet)")
@@ -549,6 +587,7 @@ class Binder:
                     continue
             self._committed.discard(rid)
             self._holders.pop(rid, None)
+            self._capacity_moved()
             log.info("released %s: no live pod records it", rid)
 
     # --- a recorded placement ------------------------------------------------------------------

@@ -11,7 +11,10 @@ older commit can be compared on the same input:
         (cd $side && PYTHONPATH=$side .venv/bin/python scripts/bench_big_nodes.py --read /tmp/big)
     done
 
-Prints one JSON line of seconds: inproc_1, inproc_8, grpc_1, grpc_8.
+Prints one JSON line of seconds: inproc_1, inproc_8, grpc_1, grpc_8 (wall time), the same
+with `cpu_` (the process's CPU time: less swayed by other work on a shared machine), and
+`shapes`, what reading the three nodes' shapes costs (once per reported topology; the first
+in-process Place pays it, the gRPC ones find it done).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from gputopo.codec import topology_from_proto, topology_to_proto
 from gputopo.placement import intranode, place
 from gputopo.request import request_from_mapping
 from gputopo.runtime.placement_client import PlacementClient
+from gputopo.shape import node_shape
 from gputopo.topology import DeviceKind, Measurement
 from gputopo.v1 import topology_pb2 as tpb
 
@@ -80,10 +84,16 @@ def measure(directory: Path) -> dict[str, float]:
     snapshot = ClusterSnapshot(NodeState(t, frozenset(range(t.gpu_count))) for t in topologies)
     for g, request in requests.items():
         intranode.clear_caches()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         result, _ = place(snapshot, request)
         out[f"inproc_{g}"] = round(time.perf_counter() - start, 3)
+        out[f"cpu_inproc_{g}"] = round(time.process_time() - cpu, 3)
         assert result.placed, result.reason
+    copies = [dataclasses.replace(t) for t in topologies]  # new link tuples: read afresh
+    start = time.perf_counter()
+    for topo in copies:
+        node_shape(topo, now=time.time())
+    out["shapes"] = round(time.perf_counter() - start, 3)
 
     async def over_grpc() -> None:
         agg = Aggregator(AggregatorConfig(search_deadline_s=60))
@@ -95,9 +105,10 @@ def measure(directory: Path) -> dict[str, float]:
                 client = PlacementClient(channel)
                 for g, request in requests.items():
                     intranode.clear_caches()
-                    start = time.perf_counter()
+                    start, cpu = time.perf_counter(), time.process_time()
                     answer = await client.place(request, dry_run=True)
                     out[f"grpc_{g}"] = round(time.perf_counter() - start, 3)
+                    out[f"cpu_grpc_{g}"] = round(time.process_time() - cpu, 3)
                     assert answer.result.placed, answer.result.reason
         finally:
             await agg.stop(grace_s=0.1)

@@ -36,7 +36,11 @@ links), because:
 - rings are compared by bucket on a matrix of buckets (`_bucketed`), where measurement noise
   inside a bucket vanishes and a PCIe tree stays a tree, so the polynomial ring proves itself;
 - the ring of what stays free (term 4) is the free GPUs' ring with the subset skipped (O(n) per
-  subset, exact on trees, a real ring elsewhere), not a new search per subset.
+  subset, exact on trees, a real ring elsewhere; for one GPU, every candidate's at once), not a
+  new search per subset;
+- a whole ring is computed and charged only to a question that skips through one (`_Work`): a
+  question whose rings, and those of what it leaves free, have at most `EXACT_RING_GPUS` GPUs
+  computes none.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from operator import itemgetter
+
+import numpy as np
 
 from gputopo import cost
 from gputopo.links import LinkKind
@@ -156,6 +162,7 @@ def clear_caches() -> None:
     _small_ring_bucket.cache_clear()
     _whole_ring.cache_clear()
     _bucketed.cache_clear()
+    _bucketed_array.cache_clear()
     _small_ring.cache_clear()
     ceilings.cache_clear()
     twin_classes.cache_clear()
@@ -235,12 +242,24 @@ def search_work(
 class _Work:
     """Links one node's search may still look at; `short` once it had to stop early."""
 
-    __slots__ = ("budget", "left", "short")
+    __slots__ = ("budget", "left", "rings", "short")
 
     def __init__(self, budget: int | None = None) -> None:
         self.left = NODE_BUDGET if budget is None else budget
         self.budget = self.left
         self.short = False
+        self.rings: set[bool] = set()
+
+    def whole_ring(self, shape: NodeShape, *, bucketed: bool) -> tuple[int, ...]:
+        """`_whole_ring`, charged to this question the first time it uses it (cached or not,
+        so that what a question costs does not depend on what ran before). A question that
+        needs no ring of more than `EXACT_RING_GPUS` GPUs (one GPU, or a few on a small free
+        set) never computes one."""
+        order, units = _whole_ring(shape, bucketed=bucketed)
+        if bucketed not in self.rings:
+            self.rings.add(bucketed)
+            self.spend(units)
+        return order
 
     def spend(self, units: int) -> bool:
         """Charge `units`; False (and `short`) when there was nothing left to spend."""
@@ -277,7 +296,9 @@ def _search(
     pools = _pools(shape, free, count) if island else [free]
     if not pools:
         return None, 0
-    work = _start_work(shape, budget)
+    work = _Work(budget)
+    if count > EXACT_RING_GPUS:
+        work.whole_ring(shape, bucketed=True)  # `_score` skips through it
     scored: list[tuple[tuple[int, float, int], tuple[int, ...]]] = []
     for pool in pools:
         for subset in _candidates(shape, pool, count):
@@ -370,7 +391,9 @@ def _ring_alternatives(
         return ()
     free = _bits(free_mask)
     pools = _pools(shape, free, count) if island else [free]
-    work = _start_work(shape)
+    work = _Work()
+    if count > EXACT_RING_GPUS:
+        work.whole_ring(shape, bucketed=True)
     by_bucket: dict[int, list[tuple[tuple[int, float, int], tuple[int, ...]]]] = {}
     for pool in pools:
         for subset in _candidates(shape, pool, count):
@@ -399,7 +422,7 @@ def ceilings(shape: NodeShape, free_mask: int, count: int) -> tuple[float, float
     if count <= 0 or free_mask.bit_count() < count:
         return 0.0, 0.0
     ring = share = 0.0
-    work = _start_work(shape)
+    work = _Work()
     for subset in _candidates(shape, _bits(free_mask), count):
         ring = max(ring, _ring_ceiling(shape, subset, work))
         share = max(share, min(_nic_shares(shape, subset)[0], default=0.0))
@@ -413,8 +436,9 @@ def _ring_ceiling(shape: NodeShape, subset: tuple[int, ...], work: _Work) -> flo
     if k <= 1:
         return math.inf
     if k > EXACT_RING_GPUS:
+        order = work.whole_ring(shape, bucketed=False)
         work.spend(len(shape.bw))
-        return _skipped(shape.bw, _whole_ring(shape, bucketed=False)[0], subset)
+        return _skipped(shape.bw, order, subset)
     if work.left > 0:
         gbps, units = _small_ring(shape, subset)
         work.spend(units)
@@ -459,24 +483,28 @@ def twin_classes(shape: NodeShape) -> tuple[tuple[int, ...], ...]:
     kind and they share NUMA node, nearest NICs and NVLink rate; the relation is transitive, so
     it partitions the GPUs.
     """
-    n = shape.gpu_count
     classes: list[list[int]] = []
-    for g in range(n):
-        for c in classes:
-            h = c[0]
+    bw, kind = shape.bw_array, shape.kind_array
+    # Twins have equal rows once sorted (their link to each other is in both, their 0 and
+    # NVLINK diagonal too): only classes whose leader's sorted rows match can take a GPU.
+    sorted_bw, sorted_kind = np.sort(bw, axis=1), np.sort(kind, axis=1)
+    by_rows: dict[tuple[bytes, bytes], list[int]] = {}
+    for g in range(shape.gpu_count):
+        similar = by_rows.setdefault((sorted_bw[g].tobytes(), sorted_kind[g].tobytes()), [])
+        for i in similar:
+            h = classes[i][0]
+            same = (bw[g] == bw[h]) & (kind[g] == kind[h])
+            same[[g, h]] = True
             if (
-                shape.numa[g] == shape.numa[h]
+                same.all()
+                and shape.numa[g] == shape.numa[h]
                 and shape.nics[g] == shape.nics[h]
                 and shape.nvlink_gbps[g] == shape.nvlink_gbps[h]
-                and all(
-                    shape.bw[g][x] == shape.bw[h][x] and shape.kind[g][x] == shape.kind[h][x]
-                    for x in range(n)
-                    if x not in (g, h)
-                )
             ):
-                c.append(g)
+                classes[i].append(g)
                 break
         else:
+            similar.append(len(classes))
             classes.append([g])
     return tuple(tuple(c) for c in classes)
 
@@ -532,6 +560,17 @@ def _rest_buckets(
 ) -> dict[tuple[int, ...], int]:
     """Term 4 for each subset the budget reaches: the ring bucket of the free GPUs it leaves."""
     out: dict[tuple[int, ...], int] = {}
+    if not subsets:
+        return out
+    if len(free) - len(subsets[0]) > EXACT_RING_GPUS:
+        order = work.whole_ring(shape, bucketed=True)
+        if all(len(s) == 1 for s in subsets):
+            left_by_one = _rest_of_one(shape, free, order)
+            for subset in subsets:
+                if not work.spend(len(shape.bw)):  # what `_ring_bucket` charges for it
+                    break
+                out[subset] = left_by_one[subset[0]]
+            return out
     for subset in subsets:
         taken = set(subset)
         bucket, units = _ring_bucket(shape, tuple(g for g in free if g not in taken))
@@ -539,6 +578,29 @@ def _rest_buckets(
             break
         out[subset] = bucket
     return out
+
+
+def _rest_of_one(shape: NodeShape, free: tuple[int, ...], order: tuple[int, ...]) -> dict[int, int]:
+    """`_ring_bucket(free without g)` for every free GPU g at once.
+
+    In the whole ring restricted to the free GPUs, leaving g out drops its two ring links and
+    adds the link between its neighbours; the bottleneck of the rest is the smallest of the
+    other links (prefix and suffix minima) and that new one: O(n) for all g, not O(n) each."""
+    inside = set(free)
+    ring = np.array([g for g in order if g in inside], dtype=np.intp)
+    matrix = _bucketed_array(shape)
+    after, before = np.roll(ring, -1), np.roll(ring, 1)
+    edge = matrix[ring, after]  # edge[i]: ring[i] -> ring[i + 1]
+    bridge = matrix[before, after]  # what joins ring[i - 1] to ring[i + 1] once ring[i] is gone
+    inf = np.array([np.inf])
+    prefix = np.concatenate([inf, np.minimum.accumulate(edge)])  # prefix[j] = min(edge[:j])
+    suffix = np.concatenate([np.minimum.accumulate(edge[::-1])[::-1], inf])  # min(edge[j:])
+    m = len(ring)
+    # ring[i] drops edge[i - 1] and edge[i]: the others are edge[:i - 1] and edge[i + 1:]
+    others = np.minimum(prefix[np.maximum(np.arange(m) - 1, 0)], suffix[np.arange(m) + 1])
+    others[0] = edge[1 : m - 1].min()
+    worst = np.minimum(others, bridge)
+    return {int(g): int(-w) for g, w in zip(ring.tolist(), worst.tolist(), strict=True)}
 
 
 def _ring_bucket(shape: NodeShape, gpus: tuple[int, ...]) -> tuple[int, int]:
@@ -549,14 +611,14 @@ def _ring_bucket(shape: NodeShape, gpus: tuple[int, ...]) -> tuple[int, int]:
     `EXACT_RING_GPUS` GPUs it is exact. Past that, it is the ring through the node's whole ring
     (`_whole_ring`) with the other GPUs skipped, O(n): on a PCIe tree every group of GPUs joined
     at one bandwidth is one run of that ring and stays one when GPUs are left out, so this is
-    the best ring; elsewhere it is a real ring, never an overestimate."""
+    the best ring; elsewhere it is a real ring, never an overestimate. The caller charges the
+    whole ring (`_Work.whole_ring`)."""
     k = len(gpus)
     if k <= 1:
         return _bucket(math.inf), 1
     if k > EXACT_RING_GPUS:
-        return int(-_skipped(_bucketed(shape), _whole_ring(shape, bucketed=True)[0], gpus)), len(
-            shape.bw
-        )
+        order = _whole_ring(shape, bucketed=True)[0]
+        return int(-_skipped(_bucketed(shape), order, gpus)), len(shape.bw)
     return _small_ring_bucket(shape, gpus)
 
 
@@ -581,17 +643,9 @@ def _skipped(
 @lru_cache(maxsize=256)
 def _whole_ring(shape: NodeShape, *, bucketed: bool) -> tuple[tuple[int, ...], int]:
     """A ring through every GPU of the node (on the bucket matrix or the real one), and the
-    links looked at to find it: charged once to each search that may skip through it."""
-    found = bounded_ring(_bucketed(shape) if bucketed else shape.bw)
+    links looked at to find it: charged once to each search that skips through it."""
+    found = bounded_ring(_bucketed_array(shape) if bucketed else shape.bw_array)
     return found.order, found.work
-
-
-def _start_work(shape: NodeShape, budget: int | None = None) -> _Work:
-    """A node's budget for one question, less the whole rings a big node's search uses."""
-    work = _Work(budget)
-    if shape.gpu_count > EXACT_RING_GPUS:
-        work.spend(_whole_ring(shape, bucketed=True)[1] + _whole_ring(shape, bucketed=False)[1])
-    return work
 
 
 def _dp_units(k: int) -> int:
@@ -612,17 +666,30 @@ def _submatrix(
 @lru_cache(maxsize=256)
 def _bucketed(shape: NodeShape) -> tuple[tuple[float, ...], ...]:
     """The bandwidth matrix with each link replaced by minus its bucket (higher is better)."""
-    memo: dict[float, float] = {}
-    rows = []
-    for row in shape.bw:
-        out = []
-        for gbps in row:
-            value = memo.get(gbps)
-            if value is None:
-                value = memo[gbps] = float(-_bucket(gbps))
-            out.append(value)
-        rows.append(tuple(out))
-    return tuple(rows)
+    return tuple(map(tuple, _bucketed_array(shape).tolist()))
+
+
+@lru_cache(maxsize=256)
+def _bucketed_array(shape: NodeShape) -> np.ndarray:
+    """`_bucketed` as a read-only array (`_buckets`, vectorised)."""
+    out = -_buckets(shape.bw_array.ravel()).reshape(shape.gpu_count, shape.gpu_count)
+    out.flags.writeable = False
+    return out
+
+
+def _buckets(gbps: np.ndarray) -> np.ndarray:
+    """`_bucket` of each bandwidth, as floats, bit for bit: numpy's logarithm may differ from
+    the math module's in the last place, so values whose bucket lies within 1e-9 of a bucket
+    edge (and 0 or infinite ones) are bucketed by `_bucket` itself."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        exact = np.log(1.0 / gbps) / math.log(cost.TIME_BUCKET_RATIO)
+        floor = np.floor(exact)
+        unsure = (exact - floor < 1e-9) | (floor + 1 - exact < 1e-9) | ~np.isfinite(exact)
+    out = floor.astype(np.float64)
+    unsure |= ~(gbps > 0) | ~np.isfinite(gbps)
+    for i in np.flatnonzero(unsure).tolist():
+        out[i] = float(_bucket(float(gbps[i])))
+    return out
 
 
 def _bucket(gbps: float) -> int:
@@ -692,11 +759,11 @@ def _grow(shape: NodeShape, pool: tuple[int, ...], start: int, count: int) -> tu
     index on ties) until `count`: Prim's algorithm on the widest links, which on a PCIe tree
     or NVSwitch ends inside the smallest switch that holds `count` GPUs around `start`."""
     chosen = [start]
-    weakest = {g: shape.bw[start][g] for g in pool if g != start}
+    others = np.array([g for g in pool if g != start], dtype=np.intp)  # ascending
+    weakest = shape.bw_array[start, others]  # a copy
     while len(chosen) < count:
-        nxt = max(sorted(weakest), key=weakest.__getitem__)
-        chosen.append(nxt)
-        del weakest[nxt]
-        row = shape.bw[nxt]
-        weakest = {g: min(w, row[g]) for g, w in weakest.items()}
+        i = int(np.argmax(weakest))  # the first of equals: the lowest index
+        chosen.append(int(others[i]))
+        np.minimum(weakest, shape.bw_array[others[i], others], out=weakest)
+        weakest[i] = -np.inf  # taken (bandwidths are never negative)
     return tuple(sorted(chosen))

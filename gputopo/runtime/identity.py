@@ -4,6 +4,9 @@ A node's exporter carries a certificate whose common name is `system:node:NAME` 
 kubelet's own client certificates use, so one issuer policy covers both). The aggregator lets a
 stream report only for that NAME, as the NodeRestriction admission plugin does for kubelets: a
 pod that holds some other valid certificate still cannot speak for a node it is not.
+
+A certificate's Organizations (O=) are its groups, as Kubernetes reads client certificates
+(`groups_of_rpc`, `groups_of_http`): a role may name a group rather than every member's name.
 """
 
 from __future__ import annotations
@@ -12,11 +15,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import grpc
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 __all__ = [
     "NODE_PREFIX",
     "caller_of_http",
     "caller_of_rpc",
+    "groups_of_http",
+    "groups_of_rpc",
     "node_of_peer",
     "report_denial",
 ]
@@ -66,3 +73,28 @@ def caller_of_http(peercert: Mapping[str, Any] | None) -> str:
             if key == "commonName":
                 return str(value)
     return ""
+
+
+def groups_of_rpc(context: grpc.aio.ServicerContext) -> frozenset[str]:  # type: ignore[type-arg]
+    """The Organizations (O=) of the peer's verified client certificate; none over plain text.
+
+    gRPC hands over the certificate itself (`x509_pem_cert`), not its subject's parts."""
+    for pem in context.auth_context().get("x509_pem_cert", []):
+        try:
+            cert = x509.load_pem_x509_certificate(pem)
+        except ValueError:
+            return frozenset()
+        return frozenset(
+            str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
+        )
+    return frozenset()
+
+
+def groups_of_http(peercert: Mapping[str, Any] | None) -> frozenset[str]:
+    """The same for an HTTPS request, from `ssl.SSLSocket.getpeercert()`'s dictionary."""
+    return frozenset(
+        str(value)
+        for rdn in (peercert or {}).get("subject", ())
+        for key, value in rdn
+        if key == "organizationName"
+    )

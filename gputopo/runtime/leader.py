@@ -14,6 +14,10 @@ follows), in asyncio:
 3. Release on a clean stop: the holder is cleared, so a successor takes over at once rather
    than after the lease duration.
 
+Durations are counted on the event loop's clock (`loop.time()`, which is `time.monotonic` in
+production), so a test on fake loop time sees a 15 s lease run out in no real time and at the
+exact moment.
+
 `on_started` runs when leadership is gained and `on_stopped` when it is lost or released; the
 aggregator starts its writers (label publisher, scheduler objects) in the first and cancels them
 in the second.
@@ -70,7 +74,7 @@ class LeaderElector:
         identity: str,
         on_started: Callable[[], Awaitable[None]] | None = None,
         on_stopped: Callable[[], Awaitable[None]] | None = None,
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.kube = kube
@@ -78,7 +82,8 @@ class LeaderElector:
         self.identity = identity
         self._on_started = on_started
         self._on_stopped = on_stopped
-        self._monotonic = monotonic
+        # the running loop's clock unless given (read only inside the loop's tasks)
+        self._monotonic = monotonic or (lambda: asyncio.get_running_loop().time())
         self._wall = wall
         self.is_leader = False
         self.leader = ""  # the holder last observed

@@ -31,10 +31,11 @@ ROUNDS = 3
 
 
 def test_an_honest_place_answers_quickly_beside_three_128_gpu_nodes() -> None:
-    async def go() -> dict[int, list[float]]:
+    async def go() -> tuple[dict[int, list[float]], dict[int, list[float]]]:
         agg = Aggregator(AggregatorConfig())
         await agg.start()
         took: dict[int, list[float]] = {1: [], 8: []}
+        cpu: dict[int, list[float]] = {1: [], 8: []}
         try:
             async with grpc.aio.insecure_channel(agg.grpc_target) as channel:
                 stub = rgrpc.ReporterStub(channel)
@@ -59,20 +60,25 @@ def test_an_honest_place_answers_quickly_beside_three_128_gpu_nodes() -> None:
                         req = request_from_mapping(
                             {"job": f"tp{gpus}", "groups": [{"name": "tp", "gpus_per_pod": gpus}]}
                         )
-                        start = time.perf_counter()
+                        start, cpu_start = time.perf_counter(), time.process_time()
                         answer = await client.place(req)
                         took[gpus].append(time.perf_counter() - start)
+                        cpu[gpus].append(time.process_time() - cpu_start)
                         assert answer.result.placed, answer.result.reason
                         assert answer.result.gpu_count == gpus
                 for call in calls:
                     await call.done_writing()
         finally:
             await agg.stop(grace_s=0.1)
-        return took
+        return took, cpu
 
-    took = run(go(), timeout_s=120)
-    # The acceptance figures are 0.1 s and 1 s; measured 0.1-0.23 s and 0.07-0.26 s with 2
-    # cores shared at a load of 6-8 (scripts/bench_big_nodes.py). 20x and 5x slack for such
-    # sharing: the old search (8-19 s per Place, DEADLINE_EXCEEDED at 20 s) still fails.
-    assert max(took[1]) < 2.0, took
-    assert max(took[8]) < 5.0, took
+    took, cpu = run(go(), timeout_s=120)
+    # Client, server and search share this process, so its CPU time is what a Place costs,
+    # and other processes on a loaded machine do not inflate it: measured 0.024-0.027 s and
+    # 0.021-0.023 s on a quiet 2-core machine (scripts/bench_big_nodes.py), against the
+    # acceptance figures of 0.1 s and 1 s. 0.5 s leaves 18x for a slower CPU.
+    assert max(cpu[1]) < 0.5, cpu
+    assert max(cpu[8]) < 0.5, cpu
+    # Wall time waits for the CPU as well: only the old failure (8-19 s per Place,
+    # DEADLINE_EXCEEDED at 20 s) is certain to pass 5 s on any machine.
+    assert max(took[1] + took[8]) < 5.0, took

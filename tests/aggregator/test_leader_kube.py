@@ -91,7 +91,11 @@ def test_killing_the_leader_hands_over_within_the_lease_and_nothing_is_relabelle
                 killed = time.monotonic()
                 took = await eventually(lambda: _true(b.leading), timeout_s=10, what="b takes over")
                 print(f"handover after a crash took {took:.2f}s (lease {LEASE_S}s)")
-                assert took <= LEASE_S + 2 * RETRY_S, f"handover took {took:.2f}s"
+                # The exact bound, lease + 2 retry periods, is proven on loop time with the
+                # shipped durations (tests/runtime/test_leader_looptime_kube.py); here the real
+                # clock also counts a busy loop's delays on a shared machine, so only a
+                # handover far past the lease fails.
+                assert took <= 3 * LEASE_S, f"handover took {took:.2f}s"
                 assert time.monotonic() - killed >= LEASE_S - 2 * RETRY_S, (
                     "the lease was not waited out"
                 )

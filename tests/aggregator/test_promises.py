@@ -10,10 +10,12 @@ import pytest
 from aggregator.promises import KubePromises, reservation_from_object, reservation_to_object
 from aggregator.service import PlacementService
 from aggregator.state import ClusterState
+from gputopo import core as core_module
 from gputopo.core import PlacementCore
 from gputopo.placement.result import PlacementResult, PodPlacement
 from gputopo.reservations import Reservation
 from gputopo.v1 import placement_pb2 as ppb
+from tests import looptime
 from tests.builders import pcie_node
 
 RESULT = PlacementResult(
@@ -82,11 +84,12 @@ def test_explain_waits_for_the_restore_instead_of_calling_a_live_reservation_unk
 
     async def scenario() -> ppb.PlaceResponse:
         asking = asyncio.create_task(service.explain(ppb.ExplainRequest(reservation_id="a1b2")))
-        await asyncio.sleep(0.05)
+        # loop time, in no real time: most of how long a request waits for the restore
+        await asyncio.sleep(0.9 * core_module._READY_WAIT_S)
         assert not asking.done()  # waits rather than answering from an empty book
         state.restore([restored])
         core.ready.set()
         return await asking
 
-    answer = asyncio.run(scenario())
+    answer = looptime.run(scenario())
     assert [a.node for a in answer.assignments] == ["h100-01"]

@@ -65,6 +65,40 @@ def test_the_role_table(
     assert (roles.denial(method, caller, holder=holder) is None) is allowed
 
 
+TEAM = Roles.of(enforced=True, placement_clients=["group:ml-platform", "gputopo-scheduler"])
+GROUP_OPS = Roles.of(enforced=True, operators=["group:sre"])
+GROUP_EXPORTERS = Roles.of(enforced=True, exporter_clients=["group:gputopo-nodes"])
+GROUP_CASES = [
+    # (table, method, caller, its certificate's groups, holder, allowed, story)
+    (TEAM, PLACE, "alice", {"ml-platform"}, None, True, "a member of a named group places"),
+    (TEAM, PLACE, "bob", {"web"}, None, False, "a certificate of another group does not"),
+    (TEAM, PLACE, "bob", set(), None, False, "nor one without a group"),
+    (TEAM, PLACE, "gputopo-scheduler", set(), None, True, "names and groups mix in one list"),
+    (TEAM, PLACE, "ml-platform", set(), None, False, "a group entry is no common name"),
+    (TEAM, PLACE, "group:ml-platform", set(), None, False, "nor is a CN spelled like one"),
+    (TEAM, EXPLAIN, "carol", {"ml-platform"}, "alice", False, "a group member is no holder"),
+    (GROUP_OPS, EXPLAIN, "dave", {"sre", "web"}, "alice", True, "an operator by group explains"),
+    (GROUP_EXPORTERS, PLACE, "n1-agent", {"gputopo-nodes"}, None, False, "exporters by group"),
+    (GROUP_EXPORTERS, REPORT, "n1-agent", {"gputopo-nodes"}, None, True, "... still report"),
+    (
+        GROUP_EXPORTERS,
+        PLACE,
+        "gputopo-exporter",
+        set(),
+        None,
+        True,
+        "the list replaces the default",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(case, id=case[6]) for case in GROUP_CASES])
+def test_the_role_table_by_certificate_group(case: tuple[Any, ...]) -> None:
+    roles, method, caller, groups, holder, allowed, _ = case
+    why = roles.denial(method, caller, holder=holder, groups=frozenset(groups))
+    assert (why is None) is allowed, why
+
+
 def test_every_rpc_of_the_protos_has_a_role() -> None:
     from gputopo.v1 import placement_pb2, reporter_pb2
 
@@ -85,6 +119,8 @@ class Certs:
         self.alice = ca.issue(tmp / "alice", "gputopo-scheduler")
         self.bob = ca.issue(tmp / "bob", "another-client")
         self.ops = ca.issue(tmp / "ops", "gputopo-operator")
+        self.member = ca.issue(tmp / "member", "carol", organizations=["ml-platform"])
+        self.outsider = ca.issue(tmp / "outsider", "dave", organizations=["web"])
 
 
 def serve(tmp: Path, body: Callable[[Aggregator, Certs], Awaitable[None]], **config: Any) -> None:
@@ -179,3 +215,26 @@ def test_a_reservation_is_explained_to_its_holder_and_operators_only(tmp_path: P
                     assert resp.status == want, (tls.cert, await resp.text())
 
     serve(tmp_path, body)
+
+
+def test_a_placement_client_named_by_group_places_over_grpc_and_https(tmp_path: Path) -> None:
+    """`--placement-client group:ml-platform`: a certificate with O=ml-platform places, one
+    with another Organization is refused, over gRPC and the HTTP mirror alike."""
+
+    async def body(agg: Aggregator, certs: Certs) -> None:
+        async with channel(agg, certs.member) as m, channel(agg, certs.outsider) as o:
+            assert (await PlacementClient(m).place(TP8, dry_run=True)).result.placed
+            with pytest.raises(PlacementCallError) as err:
+                await PlacementClient(o).place(TP8, dry_run=True)
+            assert err.value.status == "PERMISSION_DENIED"
+            assert "not a placement client" in err.value.message
+        url = f"https://localhost:{agg.http_port}/api/v1/placement/place"
+        request = {"request": {"groups": [{"name": "tp", "gpus_per_pod": 8}]}, "dry_run": True}
+        for tls, want in ((certs.outsider, 403), (certs.member, 200)):
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(url, json=request, ssl=ssl_client_context(tls)) as resp,
+            ):
+                assert resp.status == want, (tls.cert, await resp.text())
+
+    serve(tmp_path, body, placement_clients=("group:ml-platform",))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography import x509
@@ -42,12 +43,19 @@ class TestCA:
             .sign(self.key, hashes.SHA256())
         )
 
-    def issue(self, directory: Path, cn: str) -> TlsFiles:
+    def issue(self, directory: Path, cn: str, *, organizations: Sequence[str] = ()) -> TlsFiles:
+        """A certificate for `cn`, with an O= for each of `organizations` (Kubernetes groups)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
+        subject = x509.Name(
+            [
+                *(x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations),
+                *_name(cn),
+            ]
+        )
         cert = (
             x509.CertificateBuilder()
-            .subject_name(_name(cn))
+            .subject_name(subject)
             .issuer_name(self.cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())

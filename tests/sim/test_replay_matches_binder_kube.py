@@ -7,8 +7,10 @@ plus its duration, to Succeeded; the binder then releases the gang's reservation
 aggregator frees its GPUs. The driver advances that clock event by event (completions, then
 arrivals, as the replay orders them) and waits for the binder to settle after each, so wall-clock
 jitter on a loaded machine cannot reorder anything: what is compared is decisions, not timing.
-"Settled" is five binder retry periods without a change in what is bound; on a machine too slow
-for the binder to act within that, the test fails rather than pass on a guess.
+"Settled" is the binder's own word (`Binder.idle`: nothing in flight, every pod event looked at,
+every waiting group tried since GPUs were last freed), asked once the binder's pod cache holds
+every change the driver made; it used to be "nothing bound for 1 s", which a slow machine could
+satisfy while the binder was still at work.
 """
 
 from __future__ import annotations
@@ -16,23 +18,34 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from aggregator.server import Aggregator, KubeOptions
 from gputopo.cluster import ClusterSnapshot, NodeState
 from gputopo.request import Group, Pattern, PlacementRequest
+from gputopo.runtime.kube import KubeClient
 from gputopo.sim.engine import Engine
 from gputopo.sim.jobtime import JobTimeModel
 from gputopo.sim.replay import ReplayOptions, replay
 from gputopo.sim.traces import JobClass, SimJob
-from scheduler.binder import BinderConfig
-from tests.aggregator.kubeutil import install_crds, run
+from scheduler.binder import Binder, BinderConfig
+from tests.aggregator.kubeutil import aggregator, exporters, install_crds, run
 from tests.builders import fabric_cluster
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
-from tests.scheduler.kubeutil import PODGROUPS, binder_cluster, create, gpu_pod, pod_group, pods_of
+from tests.scheduler.kubeutil import (
+    PODGROUPS,
+    binder,
+    create,
+    gpu_pod,
+    pod_group,
+    pods_of,
+    ready_nodes,
+)
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
@@ -102,110 +115,127 @@ def test_simulator_and_real_binder_place_and_finish_the_same(
     by_name = {j.name: j for j in jobs}
 
     async def body() -> dict[str, Any]:
-        async with binder_cluster(kube_apiserver, nodes, config) as (kube, agg):
-            started: dict[str, float] = {}
-            finished: list[str] = []
-            placements: dict[str, dict[str, list[int]]] = {}
-            reservations: dict[str, str] = {}
-            pending = list(jobs)
+        await ready_nodes(kube_apiserver, [n.name for n in nodes])
+        kube = KubeClient(kube_apiserver.api_client())
+        try:
+            async with (
+                aggregator(kube_apiserver, options=KubeOptions(publish_labels=False)) as agg,
+                exporters(agg, nodes),
+                binder(kube, agg, config) as b,
+            ):
+                return await drive(kube, agg, b)
+        finally:
+            kube.close()
 
-            async def bound() -> dict[str, dict[str, list[int]]]:
-                out: dict[str, dict[str, list[int]]] = {}
-                counts: dict[str, int] = {}
-                for pod in await pods_of(kube, ns):
-                    node = pod["spec"].get("nodeName")
-                    if not node:
-                        continue
-                    job = pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"]
-                    ann = pod["metadata"]["annotations"]
-                    reservations[job] = ann["gputopo.io/reservation"]
-                    gpus = ann["gputopo.io/gpus"].split(",")
-                    out.setdefault(job, {}).setdefault(node, []).extend(int(g) for g in gpus)
-                    counts[job] = counts.get(job, 0) + 1
-                return {
-                    j: {n: sorted(g) for n, g in a.items()}
-                    for j, a in out.items()
-                    if counts[j] == by_name[j].request.groups[0].pods
-                }
+    async def drive(kube: KubeClient, agg: Aggregator, b: Binder) -> dict[str, Any]:
+        started: dict[str, float] = {}
+        finished: list[str] = []
+        placements: dict[str, dict[str, list[int]]] = {}
+        reservations: dict[str, str] = {}
+        pending = list(jobs)
+        written: dict[str, int] = {}  # pod -> resource version of the driver's last write
 
-            async def settle(now: float) -> None:
-                """Wait until the binder has acted on everything it can (no change for a while)."""
-                seen: dict[str, dict[str, list[int]]] | None = None
-                quiet_since = time.monotonic()
-                began = time.monotonic()
-                while True:
-                    current = await bound()
-                    if current != seen:
-                        seen, quiet_since = current, time.monotonic()
-                    elif time.monotonic() - quiet_since > 1.0:  # 5 binder retry periods
-                        break
-                    if time.monotonic() - began > 30:
-                        raise AssertionError("the binder did not settle within 30 s")
-                    await asyncio.sleep(0.1)
-                for job, alloc in seen.items():
-                    if job not in started:
-                        started[job] = now
-                        placements[job] = alloc
-                        for pod in range(by_name[job].request.groups[0].pods):
-                            await _phase(kube, ns, f"{job}-{pod}", "Running")
+        def wrote(pod: Mapping[str, Any]) -> None:
+            meta = pod["metadata"]
+            written[meta["name"]] = int(meta["resourceVersion"])
 
-            while pending or len(finished) < len(started):
-                next_arrival = pending[0].arrival if pending else math.inf
-                ends = [(started[j] + by_name[j].duration, j) for j in started if j not in finished]
-                next_end = min(ends)[0] if ends else math.inf
-                now = min(next_arrival, next_end)
-                if math.isinf(now):
-                    break
-                for end, job in sorted(ends):
-                    if end <= now:
-                        for pod in range(by_name[job].request.groups[0].pods):
-                            await _phase(kube, ns, f"{job}-{pod}", "Succeeded")
-                        finished.append(job)
+        async def binder_saw_every_write() -> bool:
+            seen = {
+                p["metadata"]["name"]: int(p["metadata"]["resourceVersion"])
+                for p in b.pods.cache.values()
+                if p["metadata"]["namespace"] == ns
+            }
+            return all(seen.get(pod, -1) >= rv for pod, rv in written.items())
 
-                        async def released(rid: str = reservations[job]) -> bool:
-                            return agg.state.reservation(rid) is None
+        async def bound() -> dict[str, dict[str, list[int]]]:
+            out: dict[str, dict[str, list[int]]] = {}
+            counts: dict[str, int] = {}
+            for pod in await pods_of(kube, ns):
+                node = pod["spec"].get("nodeName")
+                if not node:
+                    continue
+                job = pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"]
+                ann = pod["metadata"]["annotations"]
+                reservations[job] = ann["gputopo.io/reservation"]
+                gpus = ann["gputopo.io/gpus"].split(",")
+                out.setdefault(job, {}).setdefault(node, []).extend(int(g) for g in gpus)
+                counts[job] = counts.get(job, 0) + 1
+            return {
+                j: {n: sorted(g) for n, g in a.items()}
+                for j, a in out.items()
+                if counts[j] == by_name[j].request.groups[0].pods
+            }
 
-                        await _eventually(released, f"the reservation of {job} released")
-                if len(started) < len(jobs) - len(pending):
-                    # Jobs wait: let the binder retry them on the freed GPUs before new arrivals
-                    # compete (the replay's queue is first come, first served).
-                    await settle(now)
-                while pending and pending[0].arrival <= now:
-                    job = pending.pop(0)
-                    group = job.request.groups[0]
-                    request = {
-                        "groups": [
-                            {
-                                "name": "train",
-                                "pods": group.pods,
-                                "gpus_per_pod": group.gpus_per_pod,
-                                "pattern": "all_reduce",
-                            }
-                        ]
-                    }
-                    await create(
-                        kube, PODGROUPS.format(ns=ns), pod_group(ns, job.name, group.pods, request)
-                    )
-                    for pod in range(group.pods):
-                        body = gpu_pod(
-                            ns,
-                            f"{job.name}-{pod}",
-                            group.gpus_per_pod,
-                            scheduler=name,
-                            pod_group=job.name,
-                        )
-                        await create(kube, f"/api/v1/namespaces/{ns}/pods", body)
+        async def settle(now: float) -> None:
+            """Wait until the binder has received every change made so far and acted on
+            everything it can (its own signal, `Binder.idle`)."""
+            await _eventually(binder_saw_every_write, "the binder's cache holds every write")
+            # 30 s: only a binder that never settles comes near it (it takes under 1 s)
+            await asyncio.wait_for(b.idle(), timeout=30)
+            for job, alloc in (await bound()).items():
+                if job not in started:
+                    started[job] = now
+                    placements[job] = alloc
+                    for pod in range(by_name[job].request.groups[0].pods):
+                        wrote(await _phase(kube, ns, f"{job}-{pod}", "Running"))
+
+        while pending or len(finished) < len(started):
+            next_arrival = pending[0].arrival if pending else math.inf
+            ends = [(started[j] + by_name[j].duration, j) for j in started if j not in finished]
+            next_end = min(ends)[0] if ends else math.inf
+            now = min(next_arrival, next_end)
+            if math.isinf(now):
+                break
+            for end, job in sorted(ends):
+                if end <= now:
+                    for pod in range(by_name[job].request.groups[0].pods):
+                        wrote(await _phase(kube, ns, f"{job}-{pod}", "Succeeded"))
+                    finished.append(job)
+
+                    async def released(rid: str = reservations[job]) -> bool:
+                        return agg.state.reservation(rid) is None
+
+                    await _eventually(released, f"the reservation of {job} released")
+            if len(started) < len(jobs) - len(pending):
+                # Jobs wait: let the binder retry them on the freed GPUs before new arrivals
+                # compete (the replay's queue is first come, first served).
                 await settle(now)
-            return {"placements": placements, "order": finished}
+            while pending and pending[0].arrival <= now:
+                job = pending.pop(0)
+                group = job.request.groups[0]
+                request = {
+                    "groups": [
+                        {
+                            "name": "train",
+                            "pods": group.pods,
+                            "gpus_per_pod": group.gpus_per_pod,
+                            "pattern": "all_reduce",
+                        }
+                    ]
+                }
+                await create(
+                    kube, PODGROUPS.format(ns=ns), pod_group(ns, job.name, group.pods, request)
+                )
+                for pod in range(group.pods):
+                    body = gpu_pod(
+                        ns,
+                        f"{job.name}-{pod}",
+                        group.gpus_per_pod,
+                        scheduler=name,
+                        pod_group=job.name,
+                    )
+                    wrote(await create(kube, f"/api/v1/namespaces/{ns}/pods", body))
+            await settle(now)
+        return {"placements": placements, "order": finished}
 
     got = run(body(), timeout_s=280)
     assert got["placements"] == want["placements"]
     assert got["order"] == want["order"]
 
 
-async def _phase(kube: Any, ns: str, pod: str, phase: str) -> None:
-    """The fake kubelet's one act: set a pod's phase."""
-    await kube.request(
+async def _phase(kube: Any, ns: str, pod: str, phase: str) -> dict[str, Any]:
+    """The fake kubelet's one act: set a pod's phase; the pod as written."""
+    return await kube.request(  # type: ignore[no-any-return]
         "PATCH",
         f"/api/v1/namespaces/{ns}/pods/{pod}/status",
         body={"status": {"phase": phase}},

@@ -108,23 +108,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="NAME",
-        help="with TLS: the exporters' client certificate name; it may Report and nothing else"
-        " (repeatable; default gputopo-exporter; system:node:NAME certificates likewise)",
+        help="with TLS: the exporters' client certificate name (or group:ORG, every certificate"
+        " with O=ORG); it may Report and nothing else (repeatable; default gputopo-exporter;"
+        " system:node:NAME certificates likewise)",
     )
     parser.add_argument(
         "--placement-client",
         action="append",
         default=None,
         metavar="NAME",
-        help="with TLS: a certificate name that may Place, Commit, Release and Explain its own"
-        " reservations (repeatable; default: any certificate but a node agent's)",
+        help="with TLS: a certificate name (or group:ORG, every certificate with O=ORG) that may"
+        " Place, Commit, Release and Explain its own reservations (repeatable; default: any"
+        " certificate but a node agent's)",
     )
     parser.add_argument(
         "--operator",
         action="append",
         default=None,
         metavar="NAME",
-        help="with TLS: a certificate name that may call everything and Explain any reservation",
+        help="with TLS: a certificate name (or group:ORG) that may call everything and Explain"
+        " any reservation",
     )
     parser.add_argument(
         "--ghost-ttl",
