@@ -150,6 +150,8 @@ def assess(
             links.append(replace(link, health=LinkHealth.DOWN, health_reason=down[link.key]))
         elif why:
             links.append(replace(link, health=LinkHealth.DEGRADED, health_reason="; ".join(why)))
+        elif link.health is LinkHealth.OK and not link.health_reason:
+            links.append(link)  # already so: no copy (most links of a healthy node)
         else:
             links.append(replace(link, health=LinkHealth.OK, health_reason=""))
     judged = with_nominal_bandwidth(replace(topology, gpus=tuple(gpus), links=tuple(links)))
@@ -238,6 +240,8 @@ def _climbing_links(
 
 def _with_health(g: Gpu, reasons: list[str]) -> Gpu:
     if not reasons:
+        if g.health is LinkHealth.OK and not g.health_reason:
+            return g  # already so: no copy
         return replace(g, health=LinkHealth.OK, health_reason="")
     return replace(g, health=LinkHealth.DEGRADED, health_reason="; ".join(reasons))
 
