@@ -47,6 +47,7 @@ sys.path.insert(0, str(HERE))  # run as a file: the checkout's packages, not an 
 
 import grpc  # noqa: E402
 
+from exporter.fake_machine import FakeMachine  # noqa: E402
 from gputopo.bounds import NODE_MEMORY_BUDGET  # noqa: E402
 from gputopo.codec import topology_to_proto  # noqa: E402
 from gputopo.request import request_from_mapping  # noqa: E402
@@ -122,10 +123,15 @@ def tls_of(directory: Path, name: str) -> TlsFiles:
     return TlsFiles(cert=leaf / "tls.crt", key=leaf / "tls.key", ca=leaf / "ca.crt")
 
 
-def ensure_report(directory: Path) -> bytes:
-    """The largest accepted report's topology (serialized NodeTopology), made once."""
-    path = directory / "largest-report.bin"
+def ensure_report(directory: Path, shape: str = "largest") -> bytes:
+    """A report's topology (serialized NodeTopology), made once: the largest accepted one, or
+    a machine profile's (`dgx-h100`: what the identity itself costs beside a small node)."""
+    path = directory / f"{shape}-report.bin"
     if path.exists():
+        return path.read_bytes()
+    if shape != "largest":
+        small = topology_to_proto(FakeMachine.from_profile(shape, node_name=shape).topology)
+        _write(path, small.SerializeToString())
         return path.read_bytes()
     rng = random.Random(4)
     topo = pcie_tree("largest", sockets=uneven_tree(128, seed=4))
@@ -149,10 +155,12 @@ def ensure_report(directory: Path) -> bytes:
 # --- the clients: one process holds many nodes' streams --------------------------------------
 
 
-async def run_worker(certs: Path, target: str, names: list[str], rate: float) -> None:
+async def run_worker(
+    certs: Path, target: str, names: list[str], *, rate: float, shape: str
+) -> None:
     """Report as each node, at most `rate` new nodes a second; one line per node on stdout,
     then hold every stream open with heartbeats until terminated."""
-    base = tpb.NodeTopology.FromString(ensure_report(certs))
+    base = tpb.NodeTopology.FromString(ensure_report(certs, shape))
     held: list[asyncio.Task[None]] = []
     started = time.monotonic()
     for n, name in enumerate(names):
@@ -269,7 +277,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
     certs: Path = args.certs
     began = time.monotonic()
     ensure_certs(certs, args.identities)
-    report_bytes = len(ensure_report(certs))
+    report_bytes = len(ensure_report(certs, args.report))
     prepared_s = time.monotonic() - began
     grpc_port, health_port = free_port(), free_port()
     target = f"127.0.0.1:{grpc_port}"
@@ -295,6 +303,8 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
                         target,
                         "--rate",
                         str(args.rate / count),
+                        "--report",
+                        args.report,
                         *mine,
                     ],
                     stdout=subprocess.PIPE,
@@ -334,6 +344,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
         per_identity = (after_place - before) / accepted if accepted else 0.0
         figures = {
             "identities": args.identities,
+            "report": args.report,
             "accepted": accepted,
             "answers": answers,
             **({"stopped": stopped} if stopped else {}),
@@ -377,6 +388,12 @@ def main() -> int:
         default=Path(tempfile.gettempdir()) / "gputopo-bench-identities",
         help="where certificates and the report are made once and reused",
     )
+    parser.add_argument(
+        "--report",
+        default="largest",
+        help="what each node reports: largest (the default: the largest accepted report) or a"
+        " machine profile such as dgx-h100, to see what an identity costs beside its topology",
+    )
     parser.add_argument("--workers", type=int, default=4, help="client processes (default 4)")
     parser.add_argument(
         "--rate", type=float, default=50.0, help="new nodes a second, all workers (default 50)"
@@ -396,7 +413,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.worker:
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-        asyncio.run(run_worker(args.certs, args.target, args.names, args.rate))
+        asyncio.run(
+            run_worker(args.certs, args.target, args.names, rate=args.rate, shape=args.report)
+        )
         return 0
     print(json.dumps(measure(args), indent=2))
     return 0
