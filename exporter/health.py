@@ -28,10 +28,11 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from exporter.assemble import with_nominal
 from exporter.readings import GpuReading, NvmlReading, RemoteType
 from gputopo import bandwidth
 from gputopo.links import LinkHealth, LinkKind
-from gputopo.nominal import gpu_pcie_gbps, with_nominal_bandwidth
+from gputopo.nominal import gpu_pcie_gbps
 from gputopo.topology import (
     DeviceKind,
     DeviceRef,
@@ -154,7 +155,12 @@ def assess(
             links.append(link)  # already so: no copy (most links of a healthy node)
         else:
             links.append(replace(link, health=LinkHealth.OK, health_reason=""))
-    judged = with_nominal_bandwidth(replace(topology, gpus=tuple(gpus), links=tuple(links)))
+    unchanged = all(a is b for a, b in zip(gpus, topology.gpus, strict=True)) and all(
+        a is b for a, b in zip(links, topology.links, strict=True)
+    )
+    judged = with_nominal(
+        topology if unchanged else replace(topology, gpus=tuple(gpus), links=tuple(links))
+    )
     if not fallback:
         return judged
     return replace(
