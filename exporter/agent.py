@@ -28,12 +28,11 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from prometheus_client import CollectorRegistry
 
-from exporter.deviceplugin import DevicePlugin
 from exporter.discovery import Discovery, DiscoveryResult
 from exporter.health import HealthPolicy
 from exporter.metrics import ExporterView, register
@@ -58,6 +57,11 @@ from gputopo.runtime.http import HttpServer, ProbeResult
 from gputopo.runtime.supervisor import Supervisor
 from gputopo.runtime.tls import ROTATION_CHECK_S, TlsFiles, follow_rotation, ssl_server_context
 from gputopo.topology import NodeTopology, NvmlStatus
+
+if TYPE_CHECKING:
+    # Made and set by the command only with --device-plugin: an agent without it does not load
+    # the plugin's modules and protos.
+    from exporter.deviceplugin import DevicePlugin
 
 __all__ = ["Agent", "AgentConfig"]
 

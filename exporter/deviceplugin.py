@@ -31,12 +31,13 @@ import contextlib
 import logging
 import os
 import random
+import sys
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -44,12 +45,16 @@ from exporter.admission import DeviceIds, best_devices, pending_pods, prefer
 from gputopo.links import LinkHealth
 from gputopo.runtime.backoff import Backoff
 from gputopo.runtime.grpcio import channel, server
-from gputopo.runtime.kube import KubeClient, KubeError
 from gputopo.topology import NodeTopology
 from gputopo.v1 import deviceplugin_pb2 as pb
 from gputopo.v1 import deviceplugin_pb2_grpc as pb_grpc
 from gputopo.v1 import podresources_pb2 as pr
 from gputopo.v1 import podresources_pb2_grpc as pr_grpc
+
+if TYPE_CHECKING:
+    # Not at run time: the kubernetes client costs an agent ~20 MiB of RSS, and only an agent
+    # that lists pods (`node_pods`, given a KubeClient made elsewhere) needs it.
+    from gputopo.runtime.kube import KubeClient
 
 __all__ = [
     "DEFAULT_DIR",
@@ -245,7 +250,9 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         healthy = self._healthy()
         try:
             pods, allocated = await asyncio.gather(self._pods(), self._allocated())
-        except (KubeError, grpc.aio.AioRpcError, OSError) as err:
+        except Exception as err:
+            if not _pods_unknown(err):
+                raise
             # An error here would fail the pod's admission in the kubelet; the best set of the
             # free GPUs is a better answer, and the mismatch check will see what came of it.
             log.warning("cannot tell which pod is admitted (%s): answering the best set", err)
@@ -393,6 +400,16 @@ def kubelet_allocations(
         return held
 
     return read
+
+
+def _pods_unknown(err: Exception) -> bool:
+    """An error that means "the pods cannot be listed now": the API server's (`KubeError`,
+    looked up only if its module is loaded, as it must be for one to exist), the kubelet's or
+    the network's."""
+    kube = sys.modules.get("gputopo.runtime.kube")
+    if kube is not None and isinstance(err, kube.KubeError):
+        return True
+    return isinstance(err, grpc.aio.AioRpcError | OSError)
 
 
 def node_pods(kube: KubeClient, node: str) -> PodLister:

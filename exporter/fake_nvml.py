@@ -83,6 +83,7 @@ _CONVERTIBLE = (
     ctypes._Pointer,
     _CArg,
 )
+_CONVERTIBLE_TYPES: set[type] = set()
 
 
 class NvmlAbiError(RuntimeError):
@@ -174,6 +175,8 @@ def _pointer(arg: object, what: str, *, nullable: bool = False) -> _Out | None:
 
 def _uint(arg: object, what: str) -> int:
     """An integer argument as C receives it."""
+    if type(arg) is int:
+        return arg  # the common case, pynvml passing a Python int
     if isinstance(arg, bool) or not isinstance(arg, (int, ctypes._SimpleCData)):
         raise NvmlAbiError(f"{what}: {type(arg).__name__} where NVML takes an integer")
     value = arg if isinstance(arg, int) else arg.value
@@ -185,7 +188,12 @@ def _uint(arg: object, what: str) -> int:
 def _convertible(name: str, args: tuple[object, ...]) -> None:
     """ctypes refuses Python objects it cannot pass to C before the call happens."""
     for at, arg in enumerate(args, start=1):
-        if not isinstance(arg, _CONVERTIBLE):
+        kind = type(arg)
+        if kind in _CONVERTIBLE_TYPES:
+            continue
+        if isinstance(arg, _CONVERTIBLE):
+            _CONVERTIBLE_TYPES.add(kind)  # the same answer for every object of this type
+        else:
             raise ctypes.ArgumentError(
                 f"argument {at}: TypeError: Don't know how to convert parameter {at} ({name})"
             )
@@ -215,6 +223,8 @@ class FakeLibNvml:
             _convertible(name, args)
             return int(bound(*args))
 
+        # pynvml keeps what it looked up (`_nvmlGetFunctionPointer_cache`), so this runs once
+        # per entry point and copy; the per-call path below stays short.
         return entry
 
     # --- plumbing -------------------------------------------------------------------------
@@ -222,23 +232,29 @@ class FakeLibNvml:
     def _enter(self, name: str, handle: object = None) -> tuple[int | None, int]:
         """Count the call, check NVML is up, and find the GPU: (gpu index, return code)."""
         fake = self._fake
-        call = _python_name(name)
+        call = _PYTHON_NAMES.get(name) or _python_name(name)
         fake.calls[call] += 1
         index = self._gpu(handle, name) if handle is not None else None
         if call != "nvmlInit" and fake.initialised <= 0:
             return index, _CODES["UNINITIALIZED"]
+        if not fake.failing:
+            return index, _SUCCESS
         failure = fake.failing.get((call, index)) or fake.failing.get((call, None))
         if failure is not None:
             return index, _CODES[failure]
         return index, _SUCCESS
 
     def _gpu(self, handle: object, name: str) -> int | None:
-        if isinstance(handle, ctypes._Pointer | ctypes.c_void_p):
-            address = ctypes.cast(handle, ctypes.c_void_p).value
-            if address in self._by_address:
-                return self._by_address[address]
-            return None  # a pointer NVML never gave out: INVALID_ARGUMENT below
-        raise NvmlAbiError(f"{name}: {type(handle).__name__} where NVML takes a device handle")
+        # The handle's address, read without `ctypes.cast` (which builds a new object per call
+        # and was a fifth of a fake call's cost); NULL is an address NVML never gave out.
+        if isinstance(handle, ctypes._Pointer):
+            address = ctypes.addressof(handle.contents) if handle else None
+        elif isinstance(handle, ctypes.c_void_p):
+            address = handle.value
+        else:
+            raise NvmlAbiError(f"{name}: {type(handle).__name__} where NVML takes a device handle")
+        # None for a pointer NVML never gave out: INVALID_ARGUMENT in the caller.
+        return self._by_address.get(address) if address is not None else None
 
     def _device_call(self, name: str, handle: object) -> tuple[int, int]:
         index, code = self._enter(name, handle)
@@ -503,14 +519,15 @@ class FakeLibNvml:
     ) -> int:
         name = "nvmlDeviceGetNvLinkErrorCounter"
         index, code, _ = self._link_call(name, handle, link)
+        at = _uint(link, f"{name} link")
         which = _uint(counter, f"{name} counter")
         out = _pointer(value, f"{name} counterValue")
         if code != _SUCCESS or out is None:
             return code
-        names = [n for n, c in NVLINK_ERROR_COUNTERS.items() if c == which]
-        if not names:
+        counter_name = _COUNTER_NAMES.get(which)
+        if counter_name is None:
             return _CODES["INVALID_ARGUMENT"]
-        key = (index, _uint(link, "link"), names[0])
+        key = (index, at, counter_name)
         out.set(ctypes.c_ulonglong, self._fake.error_counts.get(key, 0))
         return _SUCCESS
 
@@ -634,11 +651,15 @@ class _Without:
         return getattr(self.library, name)
 
 
+_COUNTER_NAMES = {code: name for name, code in reversed(NVLINK_ERROR_COUNTERS.items())}
+_PYTHON_NAMES: dict[str, str] = {}
+
+
 def _python_name(c_name: str) -> str:
     """pynvml's name for a C entry point: `nvmlDeviceGetPciInfo_v3` -> `nvmlDeviceGetPciInfo`."""
-    if c_name == "nvmlInitWithFlags":
-        return "nvmlInit"
-    return _VERSION_SUFFIX.sub("", c_name)
+    found = "nvmlInit" if c_name == "nvmlInitWithFlags" else _VERSION_SUFFIX.sub("", c_name)
+    _PYTHON_NAMES[c_name] = found  # a few dozen entry points: remembered, not parsed per call
+    return found
 
 
 def _write_pci(out: _Out, bus_id: str, device_id: int) -> None:

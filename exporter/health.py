@@ -28,10 +28,11 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from exporter.assemble import with_nominal
 from exporter.readings import GpuReading, NvmlReading, RemoteType
 from gputopo import bandwidth
 from gputopo.links import LinkHealth, LinkKind
-from gputopo.nominal import gpu_pcie_gbps, with_nominal_bandwidth
+from gputopo.nominal import gpu_pcie_gbps
 from gputopo.topology import (
     DeviceKind,
     DeviceRef,
@@ -150,9 +151,16 @@ def assess(
             links.append(replace(link, health=LinkHealth.DOWN, health_reason=down[link.key]))
         elif why:
             links.append(replace(link, health=LinkHealth.DEGRADED, health_reason="; ".join(why)))
+        elif link.health is LinkHealth.OK and not link.health_reason:
+            links.append(link)  # already so: no copy (most links of a healthy node)
         else:
             links.append(replace(link, health=LinkHealth.OK, health_reason=""))
-    judged = with_nominal_bandwidth(replace(topology, gpus=tuple(gpus), links=tuple(links)))
+    unchanged = all(a is b for a, b in zip(gpus, topology.gpus, strict=True)) and all(
+        a is b for a, b in zip(links, topology.links, strict=True)
+    )
+    judged = with_nominal(
+        topology if unchanged else replace(topology, gpus=tuple(gpus), links=tuple(links))
+    )
     if not fallback:
         return judged
     return replace(
@@ -238,6 +246,8 @@ def _climbing_links(
 
 def _with_health(g: Gpu, reasons: list[str]) -> Gpu:
     if not reasons:
+        if g.health is LinkHealth.OK and not g.health_reason:
+            return g  # already so: no copy
         return replace(g, health=LinkHealth.OK, health_reason="")
     return replace(g, health=LinkHealth.DEGRADED, health_reason="; ".join(reasons))
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from exporter import metric_names as names
-from exporter.deviceplugin import DevicePluginStats
 from exporter.discovery import DiscoveryResult
 from exporter.probes.results import ProbeResults
 from exporter.stream import StreamStats
@@ -25,6 +25,9 @@ from gputopo.links import LinkHealth
 from gputopo.runtime.metrics import MetricSpec
 from gputopo.runtime.metrics import family as _family
 from gputopo.topology import NodeTopology
+
+if TYPE_CHECKING:
+    from exporter.deviceplugin import DevicePluginStats  # loaded only with --device-plugin
 
 __all__ = ["ExporterCollector", "ExporterView", "register"]
 

@@ -15,6 +15,12 @@ as prometheus/client_python tests its process collector against a fixture `/proc
 
 Nothing here raises for a missing or odd file: the value stays unknown, and files that every
 such device has get a line in `problems`.
+
+Where a PCI device sits cannot change while its sysfs links point to the same place: resolving
+a link (`realpath`, a `stat` per path component) and the files that never change for a device
+(`numa_node`, `max_link_speed`, `max_link_width`) are read once per (link, link target) and
+kept; every pass still reads the links themselves, whether the device is there, its CPUs and
+its link as trained now. A link that points elsewhere, or a device that is gone, is read anew.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from exporter.readings import NicReading, PciDevice, SysfsReading, normalise_bus_id
@@ -74,6 +81,8 @@ class Sysfs:
 
     def __init__(self, root: Path = Path("/sys")) -> None:
         self.root = root
+        # (path, what its links say) -> where the device is and what never changes for it.
+        self._places: dict[tuple[str, ...], _Place] = {}
 
     def read(self, *, bus_ids: Iterable[str] = ()) -> SysfsReading:
         """NUMA nodes, NICs, and the PCI devices with the given addresses (GPUs)."""
@@ -190,31 +199,77 @@ class Sysfs:
         """The PCI device a sysfs path leads to (the nearest PCI function above it)."""
         if not path.exists():
             return None
-        parts = Path(os.path.realpath(path)).parts
-        roots = [at for at, part in enumerate(parts) if _HOST_BRIDGE.match(part)]
-        if not roots:
-            return None  # not on a PCI bus (platform or virtual device)
-        start = roots[-1]
-        chain: list[str] = []
-        for part in parts[start + 1 :]:
-            if not _BDF.match(part):
-                break  # below the PCI function: virtio2/net/eth0 and the like
-            chain.append(part)
-        if not chain:
-            return None
-        device = Path(*parts[: start + 1 + len(chain)])
-        numa = _int(_read(device / "numa_node"))
-        return PciDevice(
+        key = _link_key(path)
+        place = self._places.get(key) if key else None
+        if place is None:
+            place = _locate(path)
+            if place is None:
+                return None
+            if key:
+                if len(self._places) >= _MAX_PLACES:
+                    self._places.clear()  # devices come and go for ever: never grow unbounded
+                self._places[key] = place
+        device = place.device
+        return replace(
+            place.found,
+            local_cpus=_cpulist(_read(device / "local_cpulist")),
+            pcie_generation=_generation(_read(device / "current_link_speed")),
+            pcie_width=_int(_read(device / "current_link_width")),
+        )
+
+
+# Far more PCI devices than a node has: the cache is emptied past this, never grows unbounded.
+_MAX_PLACES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class _Place:
+    """Where a PCI device is, and what never changes for it (the rest filled in per read)."""
+
+    device: Path
+    found: PciDevice
+
+
+def _link_key(path: Path) -> tuple[str, ...]:
+    """`path` and the targets of the symlinks it goes through (itself and its parent, which is
+    how sysfs links a device: `bus/pci/devices/<addr>`, `class/*/<name>/device`); () when
+    one cannot be read, so nothing is kept."""
+    try:
+        parts = [str(path), os.readlink(path)]
+        if path.parent.is_symlink():
+            parts.append(os.readlink(path.parent))
+    except OSError:
+        return ()
+    return tuple(parts)
+
+
+def _locate(path: Path) -> _Place | None:
+    """Resolve `path` to its PCI function; None when it is on no PCI bus."""
+    parts = Path(os.path.realpath(path)).parts
+    roots = [at for at, part in enumerate(parts) if _HOST_BRIDGE.match(part)]
+    if not roots:
+        return None  # not on a PCI bus (platform or virtual device)
+    start = roots[-1]
+    chain: list[str] = []
+    for part in parts[start + 1 :]:
+        if not _BDF.match(part):
+            break  # below the PCI function: virtio2/net/eth0 and the like
+        chain.append(part)
+    if not chain:
+        return None
+    device = Path(*parts[: start + 1 + len(chain)])
+    numa = _int(_read(device / "numa_node"))
+    return _Place(
+        device=device,
+        found=PciDevice(
             bus_id=chain[-1],
             host_bridge=parts[start],
             chain=tuple(chain),
             numa_node=numa if numa is not None and numa >= 0 else None,
-            local_cpus=_cpulist(_read(device / "local_cpulist")),
-            pcie_generation=_generation(_read(device / "current_link_speed")),
-            pcie_width=_int(_read(device / "current_link_width")),
             pcie_max_generation=_generation(_read(device / "max_link_speed")),
             pcie_max_width=_int(_read(device / "max_link_width")),
-        )
+        ),
+    )
 
 
 def _read(path: Path) -> str:

@@ -24,8 +24,6 @@ from typing import cast
 
 import grpc
 
-from gputopo.runtime.pki import CLIENT_AUTH, SERVER_AUTH, missing_purposes
-
 __all__ = [
     "ROTATION_CHECK_S",
     "TlsFiles",
@@ -180,6 +178,10 @@ def check_purposes(files: TlsFiles, *, component: str, dials: bool) -> None:
     the one line an operator needs, where otherwise the server would log `unsupported
     certificate purpose` and the client only `Socket closed`.
     """
+    # Here, not at the top: `cryptography` costs ~6 MiB of RSS, which a process that runs
+    # without TLS (an exporter with --insecure) need not pay for importing this module.
+    from gputopo.runtime.pki import CLIENT_AUTH, SERVER_AUTH, missing_purposes  # noqa: PLC0415
+
     needed = [SERVER_AUTH, CLIENT_AUTH] if dials else [SERVER_AUTH]
     try:
         missing = missing_purposes(files.cert.read_bytes(), needed)

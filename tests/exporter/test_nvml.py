@@ -204,3 +204,87 @@ def test_nvml_nvlink_versions_map_to_generations(version: int | None, want: int)
 )
 def test_bus_ids_normalise_to_the_sysfs_form(text: str, want: str) -> None:
     assert normalise_bus_id(text) == want
+
+
+# What cannot change while a GPU keeps its UUID is read once (nvml.py rule 6).
+_KEPT = (
+    "nvmlDeviceGetPciInfo",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetCudaComputeCapability",
+    "nvmlDeviceGetMemoryAffinity",
+    "nvmlDeviceGetCpuAffinity",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetNvLinkVersion",
+    "nvmlDeviceGetNvLinkRemotePciInfo",
+    "nvmlDeviceGetNvLinkRemoteDeviceType",
+    "nvmlDeviceGetTopologyCommonAncestor",
+)
+_EVERY_PASS = (
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkErrorCounter",
+    "nvmlDeviceGetGpuFabricInfoV",
+    "nvmlDeviceGetP2PStatus",
+)
+
+
+def test_a_second_pass_reads_only_what_can_change_and_finds_the_same(
+    fake_node: Callable[..., FakeNode],
+) -> None:
+    fake = fake_node("dgx-h100").nvml
+    nvml = Nvml(fake.library)
+    first = nvml.read()
+    first_calls = sum(fake.calls.values())
+    fake.calls.clear()
+    second = nvml.read()
+    assert second == first
+    assert {name: fake.calls[name] for name in _KEPT} == dict.fromkeys(_KEPT, 0)
+    assert all(fake.calls[name] > 0 for name in _EVERY_PASS), fake.calls
+    # 18 links a GPU: 18 states and the first index past the last link, not pynvml's 36.
+    assert fake.calls["nvmlDeviceGetNvLinkState"] == 8 * 19
+    assert sum(fake.calls.values()) < 0.65 * first_calls  # 805 of 1,332 today
+
+
+def test_what_changes_between_passes_is_seen(fake_node: Callable[..., FakeNode]) -> None:
+    fake = fake_node("dgx-h100").nvml
+    nvml = Nvml(fake.library)
+    nvml.read()
+    fake.error_counts[(2, 5, "crc_flit")] = 7
+    fake.pcie_current[3] = (1, 16)
+    fake.set_nvlink_down(4, 0)
+    reading = nvml.read()
+    assert reading.gpus[2].nvlinks[5].errors["crc_flit"] == 7
+    assert reading.gpus[3].pcie_generation == 1
+    assert not reading.gpus[4].nvlinks[0].active
+    fake.nvlink_down.clear()
+    fake.calls.clear()
+    back = nvml.read().gpus[4].nvlinks[0]
+    assert back.active
+    assert back.remote_type is RemoteType.SWITCH
+    # The link came back: where it goes is read again, for that link alone.
+    assert fake.calls["nvmlDeviceGetNvLinkRemotePciInfo"] == 1
+
+
+def test_a_failed_read_is_not_kept_but_reported_again_until_it_answers(
+    fake_node: Callable[..., FakeNode],
+) -> None:
+    fake = fake_node("dgx-h100").nvml
+    nvml = Nvml(fake.library)
+    fake.failing[("nvmlDeviceGetPciInfo", 1)] = "UNKNOWN"
+    for _ in range(2):
+        reading = nvml.read()
+        assert reading.gpus[1].pci_bus_id == ""
+        assert any(p.startswith("GPU1 nvmlDeviceGetPciInfo") for p in reading.problems)
+    del fake.failing[("nvmlDeviceGetPciInfo", 1)]
+    assert nvml.read().gpus[1].pci_bus_id == normalise_bus_id(
+        fake.machine.topology.gpus[1].pci_bus_id
+    )
+    nvml.close()
+    fake.calls.clear()
+    nvml.read()  # closed and opened again: nothing kept from before
+    assert fake.calls["nvmlDeviceGetPciInfo"] == 8

@@ -194,3 +194,36 @@ def test_this_machines_real_sys_reads_without_error() -> None:
     assert all(n.cpus for n in reading.numa_nodes)
     assert all(n.name for n in reading.nics)
     assert all(n.pci is None or n.pci.host_bridge.startswith("pci") for n in reading.nics)
+
+
+def test_where_a_device_sits_is_kept_while_its_link_is_the_same(tmp_path: Path) -> None:
+    """Sysfs keeps a device's place and fixed files per link target; what can change is read
+    every pass, and a link that points elsewhere (or a device that is gone) is read anew."""
+    first = tmp_path / "devices" / "pci0000:00" / "0000:00:01.0" / "0000:18:00.0"
+    second = tmp_path / "devices" / "pci0000:80" / "0000:80:01.0" / "0000:18:00.0"
+    for device, numa in ((first, "0"), (second, "1")):
+        write(device / "numa_node", numa)
+        write(device / "max_link_speed", "32.0 GT/s PCIe")
+        write(device / "current_link_speed", "32.0 GT/s PCIe")
+        write(device / "local_cpulist", "0-7")
+    address = tmp_path / "bus" / "pci" / "devices" / "0000:18:00.0"
+    link(address, first)
+    sysfs = Sysfs(tmp_path)
+    before = sysfs.pci_device("0000:18:00.0")
+    assert before is not None
+    assert (before.host_bridge, before.numa_node, before.pcie_generation) == ("pci0000:00", 0, 5)
+
+    write(first / "current_link_speed", "2.5 GT/s PCIe")  # trained down to save power
+    write(first / "local_cpulist", "0-3")  # CPUs taken offline
+    now = sysfs.pci_device("0000:18:00.0")
+    assert now is not None
+    assert (now.pcie_generation, now.pcie_max_generation, now.local_cpus) == (1, 5, "0-3")
+
+    address.unlink()
+    link(address, second)  # the same address, another place (a re-enumerated bus)
+    moved = sysfs.pci_device("0000:18:00.0")
+    assert moved is not None
+    assert (moved.host_bridge, moved.numa_node) == ("pci0000:80", 1)
+
+    address.unlink()
+    assert sysfs.pci_device("0000:18:00.0") is None

@@ -1,0 +1,425 @@
+"""Aggregator memory per node identity over mutual TLS, each node sending the largest report.
+
+Issue 25's acceptance: N node identities, each sending the largest accepted report, keep the
+aggregator under its documented budget (`gputopo.bounds.NODE_MEMORY_BUDGET` per node plus the
+aggregator's own, README "Memory per node"). Set up as production runs it:
+
+1. The aggregator is `gputopo aggregator` in its own process, with mutual TLS; only its
+   resident memory (/proc/PID/status) is measured.
+2. Every node has its own client certificate, CN `system:node:NAME` (what the aggregator
+   accepts as a node identity), issued once by `gputopo.runtime.pki` and kept in `--certs`
+   (a directory under the system's temp dir by default), so a rerun reuses them.
+3. Clients run in `--workers` other processes (their memory is not the aggregator's), one
+   TLS channel and one Report stream per node, at most `--rate` new nodes per second in all.
+   Each sends the largest accepted report: a 128-GPU PCIe server on an uneven switch tree with
+   every GPU pair measured (the worst shape of tests/aggregator/test_node_memory.py, about
+   450 KB), renamed for its node; then it keeps its stream open with heartbeats.
+4. RSS is read before the first node, after the last one is accepted, and again after one
+   Place (so the placement snapshot built from those nodes counts too).
+
+    .venv/bin/python scripts/bench_identities.py --identities 300
+
+Prints one JSON object: identities, accepted, report_bytes, the aggregator's RSS before and
+after, MiB per identity, the documented budget for N, and whether RSS stayed under it. Stops
+early (and says so) if the aggregator and clients together pass `--max-total-gib`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(HERE))  # run as a file: the checkout's packages, not an installed copy
+
+import grpc  # noqa: E402
+
+from exporter.fake_machine import FakeMachine  # noqa: E402
+from gputopo.bounds import NODE_MEMORY_BUDGET  # noqa: E402
+from gputopo.codec import topology_to_proto  # noqa: E402
+from gputopo.request import request_from_mapping  # noqa: E402
+from gputopo.runtime.grpcio import channel  # noqa: E402
+from gputopo.runtime.identity import NODE_PREFIX  # noqa: E402
+from gputopo.runtime.pki import CLIENT_AUTH, SERVER_AUTH, SecretSpec, issue_bundle  # noqa: E402
+from gputopo.runtime.placement_client import PlacementCallError, PlacementClient  # noqa: E402
+from gputopo.runtime.tls import TlsFiles  # noqa: E402
+from gputopo.sim.pcieserver import pcie_tree, uneven_tree  # noqa: E402
+from gputopo.topology import DeviceKind, Measurement  # noqa: E402
+from gputopo.v1 import reporter_pb2 as rpb  # noqa: E402
+from gputopo.v1 import reporter_pb2_grpc as rgrpc  # noqa: E402
+from gputopo.v1 import topology_pb2 as tpb  # noqa: E402
+
+# The aggregator's own memory beside its nodes' (README "Memory per node").
+AGGREGATOR_OWN_MIB = 80.0
+_MIB = 2**20
+_OPERATOR = "bench-operator"
+
+
+def node_name(i: int) -> str:
+    return f"big-{i:04}"
+
+
+# --- certificates and the report, made once and kept ---------------------------------------
+
+
+def ensure_certs(directory: Path, identities: int) -> None:
+    """A CA, the aggregator's certificate, an operator's, and one per node up to `identities`;
+    what `directory` already holds is kept (the CA too, so old and new leaves agree)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_files = (directory / "ca.crt", directory / "ca.key")
+    ca = (ca_files[0].read_bytes(), ca_files[1].read_bytes()) if ca_files[1].exists() else None
+    wanted = [
+        SecretSpec(
+            "aggregator",
+            "",
+            "gputopo-aggregator",
+            ("localhost", "127.0.0.1"),
+            (SERVER_AUTH, CLIENT_AUTH),
+        ),
+        SecretSpec(_OPERATOR, "", _OPERATOR, (), (CLIENT_AUTH,)),
+        *(
+            SecretSpec(node_name(i), "", NODE_PREFIX + node_name(i), (), (CLIENT_AUTH,))
+            for i in range(identities)
+        ),
+    ]
+    missing = [s for s in wanted if ca is None or not (directory / s.name / "tls.key").exists()]
+    if not missing:
+        return
+    bundle = issue_bundle(
+        missing, days=7, now=datetime.datetime.now(datetime.UTC), ca=ca, ca_name="bench-ca"
+    )
+    if ca is None:
+        _write(ca_files[0], bundle.ca_cert)
+        _write(ca_files[1], bundle.ca_key)
+    for issued in bundle.issued:
+        leaf = directory / issued.spec.name
+        leaf.mkdir(exist_ok=True)
+        _write(leaf / "tls.crt", issued.cert)
+        _write(leaf / "ca.crt", issued.ca)
+        _write(leaf / "tls.key", issued.key)  # last: its presence says the leaf is whole
+
+
+def _write(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+
+
+def tls_of(directory: Path, name: str) -> TlsFiles:
+    leaf = directory / name
+    return TlsFiles(cert=leaf / "tls.crt", key=leaf / "tls.key", ca=leaf / "ca.crt")
+
+
+def ensure_report(directory: Path, shape: str = "largest") -> bytes:
+    """A report's topology (serialized NodeTopology), made once: the largest accepted one, or
+    a machine profile's (`dgx-h100`: what the identity itself costs beside a small node)."""
+    path = directory / f"{shape}-report.bin"
+    if path.exists():
+        return path.read_bytes()
+    if shape != "largest":
+        small = topology_to_proto(FakeMachine.from_profile(shape, node_name=shape).topology)
+        _write(path, small.SerializeToString())
+        return path.read_bytes()
+    rng = random.Random(4)
+    topo = pcie_tree("largest", sockets=uneven_tree(128, seed=4))
+    topo = dataclasses.replace(
+        topo,
+        links=tuple(
+            dataclasses.replace(
+                lk,
+                measured=Measurement(gbps=lk.nominal_gbps * rng.uniform(0.9, 1.1), method="test"),
+            )
+            if lk.a.kind is DeviceKind.GPU and lk.b.kind is DeviceKind.GPU
+            else lk
+            for lk in topo.links
+        ),
+    )
+    data = topology_to_proto(topo).SerializeToString()
+    _write(path, data)
+    return data
+
+
+# --- the clients: one process holds many nodes' streams --------------------------------------
+
+
+async def run_worker(
+    certs: Path, target: str, names: list[str], *, rate: float, shape: str
+) -> None:
+    """Report as each node, at most `rate` new nodes a second; one line per node on stdout,
+    then hold every stream open with heartbeats until terminated."""
+    base = tpb.NodeTopology.FromString(ensure_report(certs, shape))
+    held: list[asyncio.Task[None]] = []
+    started = time.monotonic()
+    for n, name in enumerate(names):
+        delay = started + n / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        accepted: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        held.append(asyncio.create_task(_one_node(certs, target, name, base, accepted)))
+        print(json.dumps({"node": name, "answer": await accepted}), flush=True)
+    await asyncio.gather(*held)
+
+
+async def _one_node(
+    certs: Path, target: str, name: str, base: tpb.NodeTopology, accepted: asyncio.Future[str]
+) -> None:
+    try:
+        async with channel(target, tls=tls_of(certs, name)) as chan:
+            call = rgrpc.ReporterStub(chan).Report()
+            topo = tpb.NodeTopology()
+            topo.CopyFrom(base)
+            topo.name = name
+            first = rpb.ReportRequest(
+                node_name=name, incarnation=1, sequence=1, snapshot=rpb.Snapshot(topology=topo)
+            )
+            await call.write(first)
+            del topo, first  # the client's copy is not what is measured; keep workers small
+            answer = await call.read()
+            if not isinstance(answer, rpb.ReportResponse):  # grpc.aio.EOF
+                accepted.set_result("stream ended")
+                return
+            status = rpb.ReportResponse.Status.Name(answer.status)
+            accepted.set_result(status if not answer.message else f"{status}: {answer.message}")
+            interval = answer.heartbeat_interval.ToNanoseconds() / 1e9 or 10.0
+            sequence = 1
+            while True:
+                await asyncio.sleep(interval)
+                sequence += 1
+                await call.write(
+                    rpb.ReportRequest(
+                        node_name=name,
+                        incarnation=1,
+                        sequence=sequence,
+                        heartbeat=rpb.Heartbeat(),
+                    )
+                )
+                await call.read()
+    except grpc.aio.AioRpcError as error:
+        if not accepted.done():
+            accepted.set_result(f"{error.code().name}: {error.details()}")
+    except Exception as error:  # said on stdout, so the parent never waits
+        if not accepted.done():
+            accepted.set_result(f"ERROR: {type(error).__name__}: {error}")
+
+
+# --- the parent: the aggregator, the workers, the figures ------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def start_aggregator(certs: Path, grpc_port: int, health_port: int) -> subprocess.Popen[bytes]:
+    tls = tls_of(certs, "aggregator")
+    argv = [
+        sys.executable, "-m", "gputopo", "aggregator",
+        "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--http-port", "0",
+        "--health-port", str(health_port),
+        "--tls-cert", str(tls.cert), "--tls-key", str(tls.key), "--tls-ca", str(tls.ca),
+        "--operator", _OPERATOR, "--no-labels",
+    ]  # fmt: skip
+    log = open(certs / "aggregator.log", "wb")  # noqa: SIM115 - the child keeps it open
+    process = subprocess.Popen(
+        argv, stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"PYTHONPATH": str(HERE)}
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the aggregator exited: see {certs / 'aggregator.log'}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/healthz", timeout=1):
+                return process
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise SystemExit("the aggregator did not become healthy in 60 s")
+
+
+async def place_once(certs: Path, target: str) -> str:
+    """One 1-GPU Place as the operator: the aggregator builds its placement snapshot."""
+    async with channel(target, tls=tls_of(certs, _OPERATOR)) as chan:
+        try:
+            answer = await PlacementClient(chan).place(
+                request_from_mapping(
+                    {"job": "bench", "groups": [{"name": "one", "gpus_per_pod": 1}]}
+                ),
+                dry_run=True,
+            )
+        except PlacementCallError as error:
+            return f"place failed: {error}"
+    return "placed" if answer.result.placed else f"not placed: {answer.result.reason}"
+
+
+def measure(args: argparse.Namespace) -> dict[str, object]:
+    certs: Path = args.certs
+    began = time.monotonic()
+    ensure_certs(certs, args.identities)
+    report_bytes = len(ensure_report(certs, args.report))
+    prepared_s = time.monotonic() - began
+    grpc_port, health_port = free_port(), free_port()
+    target = f"127.0.0.1:{grpc_port}"
+    aggregator = start_aggregator(certs, grpc_port, health_port)
+    workers: list[subprocess.Popen[str]] = []
+    figures: dict[str, object] = {}
+    try:
+        time.sleep(2)  # let it settle after start
+        before = rss_mib(aggregator.pid)
+        names = [node_name(i) for i in range(args.identities)]
+        count = max(1, min(args.workers, len(names)))
+        for w in range(count):
+            mine = names[w::count]
+            workers.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--worker",
+                        "--certs",
+                        str(certs),
+                        "--target",
+                        target,
+                        "--rate",
+                        str(args.rate / count),
+                        "--report",
+                        args.report,
+                        *mine,
+                    ],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    env=os.environ | {"PYTHONPATH": str(HERE)},
+                )
+            )
+        answers: dict[str, int] = {}
+        stopped = ""
+        connect_began = time.monotonic()
+        for w, worker in enumerate(workers):  # the others keep going; their lines wait
+            assert worker.stdout is not None
+            expected = len(names[w::count])
+            for got, line in enumerate(worker.stdout, start=1):
+                answer = json.loads(line)["answer"]
+                kind = answer.split(":")[0]
+                answers[kind] = answers.get(kind, 0) + 1
+                if answer != "STATUS_ACCEPTED":
+                    figures.setdefault("first_refusal", answer)
+                total = rss_mib(aggregator.pid) + sum(
+                    rss_mib(w.pid) for w in workers if w.poll() is None
+                )
+                if total > args.max_total_gib * 1024:
+                    stopped = f"stopped: aggregator and clients at {total:.0f} MiB"
+                if stopped or got >= expected:
+                    break
+            if stopped:
+                break
+        connect_s = time.monotonic() - connect_began
+        time.sleep(args.settle)
+        after = rss_mib(aggregator.pid)
+        placed = asyncio.run(place_once(certs, target)) if not stopped else "skipped"
+        time.sleep(1)
+        after_place = rss_mib(aggregator.pid)
+        accepted = answers.get("STATUS_ACCEPTED", 0)
+        budget_mib = args.identities * NODE_MEMORY_BUDGET / _MIB + AGGREGATOR_OWN_MIB
+        per_identity = (after_place - before) / accepted if accepted else 0.0
+        figures = {
+            "identities": args.identities,
+            "report": args.report,
+            "accepted": accepted,
+            "answers": answers,
+            **({"stopped": stopped} if stopped else {}),
+            **({"first_refusal": figures["first_refusal"]} if "first_refusal" in figures else {}),
+            "report_bytes": report_bytes,
+            "workers": count,
+            "connect_seconds": round(connect_s, 1),
+            "prepare_seconds": round(prepared_s, 1),
+            "aggregator_rss_mib_before": round(before, 1),
+            "aggregator_rss_mib_after_reports": round(after, 1),
+            "place_after_reports": placed,
+            "aggregator_rss_mib_after_place": round(after_place, 1),
+            "mib_per_identity": round(per_identity, 2),
+            "node_memory_budget_mib": NODE_MEMORY_BUDGET / _MIB,
+            "documented_budget_mib": round(budget_mib, 1),
+            "under_documented_budget": after_place <= budget_mib,
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+        }
+    finally:
+        for worker in workers:
+            worker.send_signal(signal.SIGTERM)
+        for worker in workers:
+            try:
+                worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        aggregator.send_signal(signal.SIGTERM)
+        try:
+            aggregator.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            aggregator.kill()
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--identities", type=int, default=100)
+    parser.add_argument(
+        "--certs",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "gputopo-bench-identities",
+        help="where certificates and the report are made once and reused",
+    )
+    parser.add_argument(
+        "--report",
+        default="largest",
+        help="what each node reports: largest (the default: the largest accepted report) or a"
+        " machine profile such as dgx-h100, to see what an identity costs beside its topology",
+    )
+    parser.add_argument("--workers", type=int, default=4, help="client processes (default 4)")
+    parser.add_argument(
+        "--rate", type=float, default=50.0, help="new nodes a second, all workers (default 50)"
+    )
+    parser.add_argument(
+        "--settle", type=float, default=5.0, help="seconds after the last answer (default 5)"
+    )
+    parser.add_argument(
+        "--max-total-gib",
+        type=float,
+        default=6.0,
+        help="stop when the aggregator and clients together pass this (default 6)",
+    )
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--target", help=argparse.SUPPRESS)
+    parser.add_argument("names", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+        asyncio.run(
+            run_worker(args.certs, args.target, args.names, rate=args.rate, shape=args.report)
+        )
+        return 0
+    print(json.dumps(measure(args), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
