@@ -404,13 +404,16 @@ def _meeting(
     """The best candidate plan of a slot that meets its edges to the placed slots: by its own
     time plus its edges' transfer times (a decode node with a slower ring but a faster NIC to
     its prefill can win), then by its key."""
-    partners = {
-        n for e in links for n in placed[e.target if e.source == index else e.source].taken()
-    }
+    # Each partner node alone, then each partner's whole node set: a slot too big for the free
+    # GPUs of any one partner node can still sit beside its partner's shards on several.
+    groups = [frozenset(placed[e.target if e.source == index else e.source].taken()) for e in links]
+    near_sets: list[frozenset[str]] = [frozenset({n}) for n in sorted(frozenset().union(*groups))]
+    near_sets += [g for g in dict.fromkeys(groups) if len(g) > 1]
     candidates = list(tried.plans)
-    for node in sorted(partners):
-        if view.ok(node):
-            near = View(view.snapshot, allowed=frozenset({node}), excluded=view.excluded)
+    for nodes in near_sets:
+        usable = frozenset(n for n in nodes if view.ok(n))
+        if usable:
+            near = View(view.snapshot, allowed=usable, excluded=view.excluded)
             found = search_slot(
                 near, slot, limit=slot.group.scope.required, preferred=None, tried=Tried()
             )
