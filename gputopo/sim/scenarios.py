@@ -268,8 +268,17 @@ class Occupancy:
         sampled, so a 100k-GPU cluster is not scanned per pod."""
         best: list[str] = []
         best_free = 1 << 30
+        names = self._names
+        count = len(names)
+        bits = count.bit_length()
+        draw = self.rng.getrandbits
         for _ in range(256):
-            n = self._names[self.rng.randrange(len(self._names))]
+            # `rng.randrange(count)`, inlined (the fill's hot loop; `test_scenarios` holds the
+            # two to the same draws)
+            i = draw(bits)
+            while i >= count:
+                i = draw(bits)
+            n = names[i]
             room = len(free[n])
             if per <= room < best_free and self.snapshot.node(n).placeable:
                 best, best_free = [n], room
