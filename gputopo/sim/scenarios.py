@@ -195,6 +195,10 @@ class Occupancy:
             leaf = snapshot.domain_of(name, Scope.LEAF) or ""
             self._leaves.setdefault(leaf, []).append(name)
         self._node_gpus = max((s.topology.gpu_count for s in snapshot.nodes.values()), default=8)
+        self._at = {name: i for i, name in enumerate(self._names)}
+        # During `fill`: free GPUs per node, in the order of `_names` (the sampler's hot loop
+        # reads these instead of the free sets)
+        self._rooms: list[int] | None = None
 
     def fill(self, fraction: float) -> ClusterSnapshot:
         """Start jobs of the mix until `fraction` of the GPUs are busy (jobs that do not fit
@@ -202,6 +206,7 @@ class Occupancy:
         total = self.snapshot.total_gpus
         free = {n: set(s.free) for n, s in self.snapshot.nodes.items()}
         busy = total - sum(len(f) for f in free.values())
+        self._rooms = [len(free[n]) for n in self._names]
         misses = 0
         while busy < fraction * total and misses < 200:
             job = sample_job(self.rng, node_gpus=self._node_gpus)
@@ -213,6 +218,7 @@ class Occupancy:
                 misses += 1
                 continue
             busy += job.gpus
+        self._rooms = None
         # Indexed now, as a live aggregator's snapshot is after its first decision, so that
         # churned snapshots derive their indexes instead of building them.
         self.snapshot = self.snapshot.with_free(
@@ -260,6 +266,8 @@ class Occupancy:
             taken = {n: frozenset(sorted(free[n])[:per]) for n in chosen}
         for n, g in taken.items():
             free[n] = free[n] - g
+            if self._rooms is not None:
+                self._rooms[self._at[n]] -= len(g)
         self.jobs.append(taken)
         return taken
 
@@ -272,18 +280,18 @@ class Occupancy:
         count = len(names)
         bits = count.bit_length()
         draw = self.rng.getrandbits
+        rooms = self._rooms
         for _ in range(256):
             # `rng.randrange(count)`, inlined (the fill's hot loop; `test_scenarios` holds the
             # two to the same draws)
             i = draw(bits)
             while i >= count:
                 i = draw(bits)
-            n = names[i]
-            room = len(free[n])
-            if per <= room < best_free and self.snapshot.node(n).placeable:
-                best, best_free = [n], room
+            room = rooms[i] if rooms is not None else len(free[names[i]])
+            if per <= room < best_free and self.snapshot.node(names[i]).placeable:
+                best, best_free = [names[i]], room
             elif room == best_free:
-                best.append(n)
+                best.append(names[i])
             if best_free == per:
                 break
         if best:

@@ -35,14 +35,19 @@ def _reference(occupancy: Occupancy, free: dict[str, set[int]], per: int) -> str
     return occupancy.rng.choice(room_nodes) if room_nodes else None
 
 
+@pytest.mark.parametrize("filling", [True, False], ids=["in fill (free counts)", "in churn"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("nodes", [1, 3, 17, 64, 100])
-def test_the_best_fit_sampler_draws_what_randrange_draws(seed: int, nodes: int) -> None:
+def test_the_best_fit_sampler_draws_what_randrange_draws(
+    seed: int, nodes: int, filling: bool
+) -> None:
     snapshot = empty_snapshot(build_nodes("dgx-h100", nodes * 8))
     rng = random.Random(seed)
     free = {n: set(range(rng.randrange(9))) for n in sorted(snapshot.nodes)}
     ours = Occupancy(snapshot, seed=seed)
     theirs = Occupancy(snapshot, seed=seed)
+    if filling:
+        ours._rooms = [len(free[n]) for n in sorted(free)]
     for per in (1, 2, 4, 8, 1, 3, 8, 2):
         assert ours._random_node(free, per) == _reference(theirs, free, per)
         assert ours.rng.getstate() == theirs.rng.getstate()
