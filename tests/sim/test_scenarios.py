@@ -1,4 +1,5 @@
-"""The occupancy generator behind `gputopo bench placement`: fast, and the same state as before.
+"""The occupancy generator behind `gputopo bench placement`: fast, and the same state as before
+(the sampler below, and gangs that skip full leaves by per-leaf counts of free GPUs).
 
 The fill's best-fit sampler draws node indexes with `getrandbits` inlined instead of
 `rng.randrange` (it is the hot loop of building a 1M-GPU state). Benchmarks compare timings
@@ -61,3 +62,21 @@ def test_a_filled_state_is_the_same_for_the_same_seed() -> None:
     first = fill()
     assert first == fill()
     assert 0.4 < 1 - sum(map(len, first.values())) / 2000 < 0.6
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_gang_skips_full_leaves_by_their_counts_and_lands_where_looking_would(seed: int) -> None:
+    snapshot = empty_snapshot(build_nodes("dgx-h100", 2000))
+    rng = random.Random(seed)
+    free = {n: set(range(rng.choice((0, 0, 0, 1, 2, 8)))) for n in sorted(snapshot.nodes)}
+    counted = Occupancy(snapshot, seed=seed)
+    looking = Occupancy(snapshot, seed=seed)
+    counted._rooms = [len(free[n]) for n in sorted(free)]
+    counted._counts = {leaf: [0] * 9 for leaf in counted._leaves}
+    counted._all_counts = [0] * 9
+    for i, room in enumerate(counted._rooms):
+        counted._counts[counted._leaf_of[i]][room] += 1
+        counted._all_counts[room] += 1
+    for pods, per in ((2, 8), (4, 2), (16, 8), (3, 1), (200, 8), (40, 2)):
+        assert counted._gang_nodes(free, pods, per) == looking._gang_nodes(free, pods, per)
+        assert counted.rng.getstate() == looking.rng.getstate()
