@@ -10,8 +10,11 @@ together:
    prefill and its decode under one root complex, and the two prefills on different ones.
 2. Across nodes: in each candidate domain (NVLink domains first, then leaves, ...), the replicas
    are placed one after another by the single-replica search restricted to that domain, and the
-   edges are checked on the result. At most `search.EXACT_PER_SCOPE` domains per scope are
-   tried, tightest fit first; wider scopes only while they could still be faster.
+   edges are checked on the result. A replica joined to one already placed also tries its
+   candidate nodes with GPUs spread over more NICs (`intranode.network_front`): a split over
+   two nodes can then meet a KV need that only a same-node split met before. At most
+   `search.EXACT_PER_SCOPE` domains per scope are tried, tightest fit first; wider scopes only
+   while they could still be faster.
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ from functools import lru_cache
 
 from gputopo import cost
 from gputopo.cluster import ClusterSnapshot, NodeClass, NodeShape
-from gputopo.placement.intranode import NodeChoice, candidate_subsets, choose, figures_of
+from gputopo.placement.intranode import (
+    NodeChoice,
+    candidate_subsets,
+    choose,
+    figures_of,
+    network_front,
+)
 from gputopo.placement.links import holds, span_of
 from gputopo.placement.objective import WIDTH, damage, key, width
 from gputopo.placement.predict import NodePart, collective_seconds, edge_gbps, parts_of
@@ -36,6 +45,7 @@ from gputopo.placement.search import (
     label,
     missed_preferences,
     node_plan,
+    pods_on,
     search_slot,
     slower_node_plans,
 )
@@ -404,18 +414,22 @@ def _meeting(
     """The best candidate plan of a slot that meets its edges to the placed slots: by its own
     time plus its edges' transfer times (a decode node with a slower ring but a faster NIC to
     its prefill can win), then by its key."""
-    partners = {
-        n for e in links for n in placed[e.target if e.source == index else e.source].taken()
-    }
+    # Each partner node alone, then each partner's whole node set: a slot too big for the free
+    # GPUs of any one partner node can still sit beside its partner's shards on several.
+    groups = [frozenset(placed[e.target if e.source == index else e.source].taken()) for e in links]
+    near_sets: list[frozenset[str]] = [frozenset({n}) for n in sorted(frozenset().union(*groups))]
+    near_sets += [g for g in dict.fromkeys(groups) if len(g) > 1]
     candidates = list(tried.plans)
-    for node in sorted(partners):
-        if view.ok(node):
-            near = View(view.snapshot, allowed=frozenset({node}), excluded=view.excluded)
+    for nodes in near_sets:
+        usable = frozenset(n for n in nodes if view.ok(n))
+        if usable:
+            near = View(view.snapshot, allowed=usable, excluded=view.excluded)
             found = search_slot(
                 near, slot, limit=slot.group.scope.required, preferred=None, tried=Tried()
             )
             if found is not None:
                 candidates.append(found)
+    candidates += [v for plan in candidates for v in _nic_variants(view, slot, plan)]
     best: tuple[tuple[object, ...], Plan] | None = None
     for plan in candidates:
         mine = parts_of(snapshot, plan.pods)
@@ -435,6 +449,32 @@ def _meeting(
             if best is None or rank < best[0]:
                 best = (rank, plan)
     return None if best is None else best[1]
+
+
+def _nic_variants(view: View, slot: Slot, plan: Plan) -> list[Plan]:
+    """The plan's node with other GPUs, each reaching the network better
+    (`intranode.network_front`).
+
+    A replica's GPUs are chosen for its own ring, which on a node with one NIC per GPU pair
+    can put two of them on one NIC; across nodes, a partner's edge gets only that NIC's share
+    per shard. These variants let the edge check see the same node with its shards spread over
+    more NICs, so a split over two nodes can meet a KV need the same-node split was taken for.
+    """
+    taken = plan.taken()
+    if len(taken) != 1 or slot.group.scope.required is Scope.NVLINK:
+        return []
+    ((node, gpus),) = taken.items()
+    shape, mask = view.snapshot.node_class(node)
+    out = []
+    for choice in network_front(shape, mask, slot.need):
+        if set(choice.gpus) == set(gpus):
+            continue
+        seconds = collective_seconds(slot.group, ((choice, 1),), nodes=1, nvlink=False)
+        pods = tuple(pods_on(slot.group, slot.replica, [(node, choice.gpus)]))
+        out.append(
+            Plan(pods, plan.key._replace(time=cost.time_bucket(seconds)), seconds, plan.domain)
+        )
+    return out
 
 
 def _spread_members(snapshot: ClusterSnapshot, plan: Plan, group: str, across: Scope) -> set[str]:

@@ -27,6 +27,7 @@ from gputopo.placement.intranode import (
     choose,
     figures_of,
     network_front,
+    pending_refinements,
 )
 from gputopo.placement.links import holds, span_of
 from gputopo.placement.objective import WIDTH, damage, key, width
@@ -51,6 +52,7 @@ __all__ = [
     "MAX_SPLITS",
     "SMALL_DOMAIN",
     "SMALL_GANG",
+    "clear_caches",
     "optimistic_seconds",
     "several_nodes",
 ]
@@ -143,8 +145,47 @@ def _estimate(
     per_pod = group.gpus_per_pod
     sig = (nvlink, *sorted((id(c[0]), c[1], n) for c, n in classes.items() if _fit(c, per_pod) > 0))
     if sig not in memo:
-        memo[sig] = _fill_estimate(classes, group, nvlink)
+        memo[sig] = _remembered(classes, group, nvlink, sig)
     return memo[sig]
+
+
+# `_fill_estimate` across decisions, per (gang, nvlink, usable classes): consecutive decisions
+# see mostly the same racks and leaves (each churn event changes a few nodes), and an estimate
+# is a pure function of these. The shapes are in the key, so an id in it is never reused while
+# the entry lives.
+_FILLS: dict[tuple[object, ...], _Estimate | None] = {}
+_MAX_FILLS = 1 << 14
+
+
+def _remembered(
+    classes: Mapping[NodeClass, int], group: Group, nvlink: bool, sig: tuple[object, ...]
+) -> _Estimate | None:
+    # what of the group an estimate reads (its pods, their size, and how they communicate)
+    shapes = {id(c[0]): c[0] for c in classes}
+    key = (
+        group.pods,
+        group.gpus_per_pod,
+        group.pattern,
+        group.message_bytes,
+        sig,
+        *shapes.values(),
+    )
+    if key in _FILLS:
+        return _FILLS[key]
+    found = _fill_estimate(classes, group, nvlink)
+    # Kept only when no intra-node answer it used was cut short by the search budget (those are
+    # refined later, and the estimate with them).
+    if not pending_refinements():
+        if len(_FILLS) >= _MAX_FILLS:
+            _FILLS.clear()
+        _FILLS[key] = found
+    return found
+
+
+def clear_caches() -> None:
+    """Forget the estimates kept across decisions (benchmarks time decisions cold with this,
+    beside `intranode.clear_caches`)."""
+    _FILLS.clear()
 
 
 def _fill_estimate(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import itertools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -191,10 +192,18 @@ class Occupancy:
         self.jobs: list[dict[str, frozenset[int]]] = []
         self._names = sorted(snapshot.nodes)
         self._leaves: dict[str, list[str]] = {}
-        for name in self._names:
-            leaf = snapshot.domain_of(name, Scope.LEAF) or ""
+        self._leaf_of = [snapshot.domain_of(name, Scope.LEAF) or "" for name in self._names]
+        for name, leaf in zip(self._names, self._leaf_of, strict=True):
             self._leaves.setdefault(leaf, []).append(name)
         self._node_gpus = max((s.topology.gpu_count for s in snapshot.nodes.values()), default=8)
+        self._at = {name: i for i, name in enumerate(self._names)}
+        # During `fill`: free GPUs per node, in the order of `_names` (the sampler's hot loop
+        # reads these instead of the free sets)
+        self._rooms: list[int] | None = None
+        # During `fill`: per leaf and in the whole cluster, how many nodes have each free count,
+        # so that a gang skips a leaf without looking at its nodes
+        self._counts: dict[str, list[int]] = {}
+        self._all_counts: list[int] = []
 
     def fill(self, fraction: float) -> ClusterSnapshot:
         """Start jobs of the mix until `fraction` of the GPUs are busy (jobs that do not fit
@@ -202,6 +211,13 @@ class Occupancy:
         total = self.snapshot.total_gpus
         free = {n: set(s.free) for n, s in self.snapshot.nodes.items()}
         busy = total - sum(len(f) for f in free.values())
+        self._rooms = [len(free[n]) for n in self._names]
+        most = max(self._rooms, default=0)
+        self._counts = {leaf: [0] * (most + 1) for leaf in self._leaves}
+        self._all_counts = [0] * (most + 1)
+        for i, room in enumerate(self._rooms):
+            self._counts[self._leaf_of[i]][room] += 1
+            self._all_counts[room] += 1
         misses = 0
         while busy < fraction * total and misses < 200:
             job = sample_job(self.rng, node_gpus=self._node_gpus)
@@ -213,6 +229,8 @@ class Occupancy:
                 misses += 1
                 continue
             busy += job.gpus
+        self._rooms = None
+        self._counts, self._all_counts = {}, []
         # Indexed now, as a live aggregator's snapshot is after its first decision, so that
         # churned snapshots derive their indexes instead of building them.
         self.snapshot = self.snapshot.with_free(
@@ -244,37 +262,62 @@ class Occupancy:
                 return None
             taken = {node: frozenset(sorted(free[node])[:per])}
         else:
-            leaves = list(self._leaves.values())
-            self.rng.shuffle(leaves)
-            chosen: list[str] = []
-            for names in leaves:
-                room = [n for n in names if len(free[n]) >= per]
-                if len(room) >= job.pods:
-                    chosen = room[: job.pods]
-                    break
-            if not chosen:
-                room = [n for n in self._names if len(free[n]) >= per]
-                if len(room) < job.pods:
-                    return None
-                chosen = room[: job.pods]
+            chosen = self._gang_nodes(free, job.pods, per)
+            if chosen is None:
+                return None
             taken = {n: frozenset(sorted(free[n])[:per]) for n in chosen}
         for n, g in taken.items():
             free[n] = free[n] - g
+            if self._rooms is not None:
+                i = self._at[n]
+                before = self._rooms[i]
+                self._rooms[i] = after = before - len(g)
+                for counts in (self._counts[self._leaf_of[i]], self._all_counts):
+                    counts[before] -= 1
+                    counts[after] += 1
         self.jobs.append(taken)
         return taken
+
+    def _gang_nodes(
+        self, free: dict[str, set[int]] | _Overlay, pods: int, per: int
+    ) -> list[str] | None:
+        """The first `pods` nodes with `per` free GPUs in the first leaf (in random order) that
+        has them, else in the whole cluster (by name); None when the cluster has too few."""
+        leaves = list(self._leaves.items())
+        self.rng.shuffle(leaves)
+        counts = self._counts
+        for leaf, names in leaves:
+            if counts and sum(counts[leaf][per:]) < pods:
+                continue  # the same answer as looking, without looking
+            room = [n for n in names if len(free[n]) >= per]
+            if len(room) >= pods:
+                return room[:pods]
+        if counts and sum(self._all_counts[per:]) < pods:
+            return None
+        room = list(itertools.islice((n for n in self._names if len(free[n]) >= per), pods))
+        return room if len(room) >= pods else None
 
     def _random_node(self, free: dict[str, set[int]] | _Overlay, per: int) -> str | None:
         """A node with the fewest free GPUs that still holds `per` (best fit), ties at random:
         sampled, so a 100k-GPU cluster is not scanned per pod."""
         best: list[str] = []
         best_free = 1 << 30
+        names = self._names
+        count = len(names)
+        bits = count.bit_length()
+        draw = self.rng.getrandbits
+        rooms = self._rooms
         for _ in range(256):
-            n = self._names[self.rng.randrange(len(self._names))]
-            room = len(free[n])
-            if per <= room < best_free and self.snapshot.node(n).placeable:
-                best, best_free = [n], room
+            # `rng.randrange(count)`, inlined (the fill's hot loop; `test_scenarios` holds the
+            # two to the same draws)
+            i = draw(bits)
+            while i >= count:
+                i = draw(bits)
+            room = rooms[i] if rooms is not None else len(free[names[i]])
+            if per <= room < best_free and self.snapshot.node(names[i]).placeable:
+                best, best_free = [names[i]], room
             elif room == best_free:
-                best.append(n)
+                best.append(names[i])
             if best_free == per:
                 break
         if best:

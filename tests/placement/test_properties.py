@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
@@ -159,10 +158,8 @@ def _feasible(result: PlacementResult) -> bool:
 @checks_at_least(5)
 # Most random draws are infeasible for kueue-bestfit and are rejected by `assume`; hypothesis'
 # filter health check then fails some seeds. `checks_at_least` is what guards against a run that
-# checked nothing, so the health check is not needed here. Derandomized: random draws found the
-# known engine bug held by the strict xfail below, and a suite must not fail at random on it;
-# once that is fixed, this can draw at random again.
-@settings(suppress_health_check=[HealthCheck.filter_too_much], derandomize=True)
+# checked nothing, so the health check is not needed here.
+@settings(suppress_health_check=[HealthCheck.filter_too_much])
 @given(snap=clusters(), req=requests(preferences=False))
 def test_gputopo_is_never_worse_than_kueue_bestfit(
     snap: ClusterSnapshot, req: PlacementRequest
@@ -246,13 +243,10 @@ def test_reservations_are_never_handed_out_twice_and_expiry_returns_them(
     assert final.free_gpus == final.total_gpus
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known engine bug: the bundle an edge ties together is held to the leaf scope one of "
-    "its groups requires, so the whole 18-GPU bundle must fit one leaf; kueue-bestfit places g1 "
-    "in one leaf and g0's replicas across two (found by the property above, 2026-11-25)",
-)
 def test_a_leaf_bound_group_tied_by_an_edge_is_placed_where_kueue_places_it() -> None:
+    """Found by the property above: g1 (leaf-bound) must sit beside shards of both g0
+    replicas, and only the two PCIe nodes' last free GPUs, one on each, do that; the search
+    looked for g1 on each partner node alone, where it does not fit."""
     nodes = [
         nvswitch_node("h100-0", tiers=("la", "spine")),
         pcie_node("pcie-1", bridged_pairs=BRIDGED, tiers=("la", "spine")),
@@ -284,3 +278,9 @@ def test_a_leaf_bound_group_tied_by_an_edge_is_placed_where_kueue_places_it() ->
     assert _feasible(kueue)
     ours, _ = place(snap, req)
     assert ours.placed, ours.reason
+    assert _feasible(ours)
+    assert ours.prediction is not None
+    assert kueue.prediction is not None
+    assert cost.time_bucket(ours.prediction.communication_seconds) <= cost.time_bucket(
+        kueue.prediction.communication_seconds
+    )
