@@ -14,7 +14,7 @@ import grpc
 
 from aggregator.server import Aggregator, AggregatorConfig
 from gputopo.codec import topology_to_proto
-from gputopo.placement import intranode
+from gputopo.placement import gang, intranode
 from gputopo.request import request_from_mapping
 from gputopo.runtime.placement_client import PlacementClient
 from gputopo.v1 import reporter_pb2 as rpb
@@ -56,6 +56,7 @@ def test_an_honest_place_answers_quickly_beside_three_128_gpu_nodes() -> None:
                 client = PlacementClient(channel)
                 for _ in range(ROUNDS):
                     intranode.clear_caches()
+                    gang.clear_caches()
                     for gpus in (1, 8):
                         req = request_from_mapping(
                             {"job": f"tp{gpus}", "groups": [{"name": "tp", "gpus_per_pod": gpus}]}
