@@ -1,6 +1,6 @@
-"""The load side of `bench ingest` speaks HTTP/2 itself: checked against a real gRPC server.
+"""The load side of `bench ingest` speaks gRPC over h2 itself: checked against a real server.
 
-A wrong frame, a flow-control slip or a miscounted stream end would make the benchmark's
+A wrong header, a flow-control slip or a miscounted stream end would make the benchmark's
 figures lie, so each is exercised against grpcio's own server (`gputopo.runtime.grpcio`, with
 the aggregator's options) on loopback: what the server decodes, what comes back, what ends.
 """
@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import grpc
 
 from aggregator.server import SERVER_OPTIONS
-from gputopo.app.benchmarks._h2load import H2Connection, grpc_headers
+from gputopo.app.benchmarks._h2load import H2Connection, _status_reason, grpc_headers
 from gputopo.app.benchmarks._ingest_load import _stamp
 from gputopo.runtime import grpcio
 from gputopo.v1 import reporter_pb2 as rpb
@@ -27,7 +27,8 @@ REPORT = "/gputopo.v1.Reporter/Report"
 
 
 class Recorder(rgrpc.ReporterServicer):
-    """Acks every message with its sequence; a node named "quit" is refused at once."""
+    """Acks every message with its sequence; a node named "quit" is refused at once, one named
+    "late" after its message was acked (trailers after a response, not trailers-only)."""
 
     def __init__(self) -> None:
         self.seen: list[rpb.ReportRequest] = []
@@ -44,6 +45,8 @@ class Recorder(rgrpc.ReporterServicer):
                 yield rpb.ReportResponse(
                     status=rpb.ReportResponse.STATUS_ACCEPTED, acked_sequence=msg.sequence
                 )
+                if msg.node_name == "late":
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many nodes")
         finally:
             self.finished.set()
 
@@ -134,7 +137,7 @@ def test_a_stream_the_server_ends_is_reported_and_the_others_go_on() -> None:
         staying = conn.open_stream(stays.message, stays.end)
         quitting.send(rpb.ReportRequest(node_name="quit", sequence=1).SerializeToString())
         await quits.until(lambda: bool(quits.ended))
-        assert quits.ended == ["the server ended the call (trailers)"]
+        assert quits.ended == ["the server ended the call: INVALID_ARGUMENT (node_name: quit)"]
         assert quits.acked == []
         quitting.send(b"")  # nothing is sent on an ended stream
         staying.send(rpb.ReportRequest(node_name="n2", sequence=5).SerializeToString())
@@ -143,6 +146,26 @@ def test_a_stream_the_server_ends_is_reported_and_the_others_go_on() -> None:
         assert stays.ended == []
 
     run(body)
+
+
+def test_a_non_ok_status_after_messages_is_reported_with_its_code_and_message() -> None:
+    async def body(servicer: Recorder, conn: H2Connection) -> None:
+        sink = Sink()
+        stream = conn.open_stream(sink.message, sink.end)
+        stream.send(rpb.ReportRequest(node_name="late", sequence=4).SerializeToString())
+        await sink.until(lambda: bool(sink.ended))
+        assert sink.acked == [4]
+        assert sink.ended == ["the server ended the call: RESOURCE_EXHAUSTED (too many nodes)"]
+
+    run(body)
+
+
+def test_status_reasons_name_the_code_and_decode_the_message() -> None:
+    assert _status_reason([(b"grpc-status", b"0")]) == "the server ended the call: OK"
+    assert _status_reason([(b"grpc-status", b"99")]) == "the server ended the call: 99"
+    assert _status_reason([(b"x", b"y")]) == "the server ended the call without grpc-status"
+    encoded = [(b"grpc-status", b"13"), (b"grpc-message", b"disk 100%25 full%0A")]
+    assert _status_reason(encoded) == "the server ended the call: INTERNAL (disk 100% full\n)"
 
 
 def test_cancel_ends_the_call_on_the_server_without_reporting_it_as_a_failure() -> None:

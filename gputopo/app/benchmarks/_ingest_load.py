@@ -7,8 +7,9 @@ to leave the CPU to the aggregator it measures:
 
 1. messages encoded once per node (its name, incarnation and payload); a send appends only the
    sequence and the send time, hand-encoded (protobuf merges concatenated fields);
-2. HTTP/2 spoken directly (`_h2load`), `nodes_per_connection` streams per connection, so the
-   streams spread over many connections, as exporters on many machines would;
+2. HTTP/2 through h2 with no gRPC client library above it (`_h2load`: a message is one DATA
+   frame), `nodes_per_connection` streams per connection, so the streams spread over many
+   connections, as exporters on many machines would;
 3. one timer for all the nodes (a heap of due times), not a sleeping task per node;
 4. streams opened at a bounded rate with a bounded number of snapshots waiting for their
    acknowledgement: connecting 20,000 nodes is paced by what the aggregator acknowledges, not
@@ -168,7 +169,7 @@ async def run_load(
     interval = options["delta_interval"]
     load = _Load(len(names))
     host, port = target.rsplit(":", 1)
-    block = grpc_headers(target, _REPORT)
+    headers = grpc_headers(target, _REPORT)
     per_conn = options["nodes_per_connection"]
     connections: list[H2Connection] = []
     heap: list[tuple[float, int, _Node]] = []
@@ -189,7 +190,7 @@ async def run_load(
             if ahead > 0:
                 await asyncio.sleep(ahead)
             if not connections or connections[-1].capacity <= 0 or n % per_conn == 0:
-                connections.append(await H2Connection.open(host, int(port), block))
+                connections.append(await H2Connection.open(host, int(port), headers))
             node.stream = connections[-1].open_stream(node.on_message, node.on_end)
             node.send("snapshot")
             due = time.monotonic() + rng.uniform(0, interval)
