@@ -230,7 +230,10 @@ class H2Connection(asyncio.Protocol):
         streams = self._streams
         for event in events:
             kind = type(event)
-            if kind is h2.events.DataReceived:
+            if kind is h2.events.WindowUpdated:  # the most frequent: gRPC Core's, per message
+                if self._pending:
+                    self._drain()
+            elif kind is h2.events.DataReceived:
                 assert isinstance(event, h2.events.DataReceived)  # for mypy; the `is` is cheap
                 self._on_data(event, streams.get(event.stream_id))
             elif kind is h2.events.TrailersReceived or kind is h2.events.ResponseReceived:
@@ -248,15 +251,14 @@ class H2Connection(asyncio.Protocol):
             elif kind is h2.events.StreamReset:
                 assert isinstance(event, h2.events.StreamReset)
                 self._end(event.stream_id or 0, f"RST_STREAM {_error_name(event.error_code or 0)}")
-            elif kind is h2.events.WindowUpdated:
-                self._drain()
             elif kind is h2.events.RemoteSettingsChanged:
                 self._on_settings()
             elif kind is h2.events.ConnectionTerminated:
                 assert isinstance(event, h2.events.ConnectionTerminated)
                 # h2 takes nothing more on a connection after GOAWAY, so every stream ends.
                 self._end_all(f"GOAWAY {_error_name(event.error_code or 0)}")
-        self._flush_soon()  # acknowledgements h2 queued (SETTINGS, PING, WINDOW_UPDATE)
+        if not self._flush_pending:  # what h2 answered (SETTINGS and PING acks, WINDOW_UPDATE)
+            self._flush()
 
     # --- events ----------------------------------------------------------------------------
 
@@ -306,14 +308,13 @@ class H2Connection(asyncio.Protocol):
         if self._pending:
             self._pending.append((stream, data))
             return
-        conn = self._h2
-        window = conn.local_flow_control_window(stream.id)
-        if len(data) <= window and len(data) <= conn.max_outbound_frame_size:
-            conn.send_data(stream.id, data)
-            self._flush_soon()
-        else:
+        try:  # h2 checks both windows and the frame size before it changes any state
+            self._h2.send_data(stream.id, data)
+        except (h2.exceptions.FlowControlError, h2.exceptions.FrameTooLargeError):
             self._pending.append((stream, data))
             self._drain()
+        else:
+            self._flush_soon()
 
     def reset(self, stream: H2Stream) -> None:
         self._streams.pop(stream.id, None)
