@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import grpc
 
 from aggregator.server import SERVER_OPTIONS
-from gputopo.app.benchmarks._h2load import H2Connection, _status_reason, grpc_headers
+from gputopo.app.benchmarks._h2load import H2Connection, grpc_headers, status_reason
 from gputopo.app.benchmarks._ingest_load import _stamp
 from gputopo.runtime import grpcio
 from gputopo.v1 import reporter_pb2 as rpb
@@ -156,16 +156,19 @@ def test_a_non_ok_status_after_messages_is_reported_with_its_code_and_message() 
         await sink.until(lambda: bool(sink.ended))
         assert sink.acked == [4]
         assert sink.ended == ["the server ended the call: RESOURCE_EXHAUSTED (too many nodes)"]
+        assert stream.status == "RESOURCE_EXHAUSTED"
 
     run(body)
 
 
-def test_status_reasons_name_the_code_and_decode_the_message() -> None:
-    assert _status_reason([(b"grpc-status", b"0")]) == "the server ended the call: OK"
-    assert _status_reason([(b"grpc-status", b"99")]) == "the server ended the call: 99"
-    assert _status_reason([(b"x", b"y")]) == "the server ended the call without grpc-status"
+def teststatus_reasons_name_the_code_and_decode_the_message() -> None:
+    assert status_reason([(b"grpc-status", b"0")]) == ("OK", "the server ended the call: OK")
+    assert status_reason([(b"grpc-status", b"99")]) == ("99", "the server ended the call: 99")
+    none = ("", "the server ended the call without grpc-status")
+    assert status_reason([(b"x", b"y")]) == none
     encoded = [(b"grpc-status", b"13"), (b"grpc-message", b"disk 100%25 full%0A")]
-    assert _status_reason(encoded) == "the server ended the call: INTERNAL (disk 100% full\n)"
+    want = ("INTERNAL", "the server ended the call: INTERNAL (disk 100% full\n)")
+    assert status_reason(encoded) == want
 
 
 def test_cancel_ends_the_call_on_the_server_without_reporting_it_as_a_failure() -> None:

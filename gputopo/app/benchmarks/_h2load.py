@@ -45,7 +45,7 @@ import h2.exceptions
 import h2.settings
 from h2.errors import ErrorCodes
 
-__all__ = ["GRPC_STATUS_NAMES", "H2Connection", "H2Stream", "grpc_headers"]
+__all__ = ["GRPC_STATUS_NAMES", "H2Connection", "H2Stream", "grpc_headers", "status_reason"]
 
 _OUR_WINDOW = 2**31 - 1  # the largest window HTTP/2 allows
 _DEFAULT_WINDOW = 65_535
@@ -87,8 +87,9 @@ def grpc_headers(authority: str, path: str) -> Headers:
     ]
 
 
-def _status_reason(headers: Iterable[tuple[bytes | str, bytes | str]]) -> str:
-    """`grpc-status` and `grpc-message` (percent-encoded on the wire) of trailers, in words."""
+def status_reason(headers: Iterable[tuple[bytes | str, bytes | str]]) -> tuple[str, str]:
+    """The name of trailers' `grpc-status`, and the end of the call in words with
+    `grpc-message` (percent-encoded on the wire)."""
     status = message = None
     for name, value in headers:
         raw = value.encode() if isinstance(value, str) else value
@@ -97,10 +98,10 @@ def _status_reason(headers: Iterable[tuple[bytes | str, bytes | str]]) -> str:
         elif name in (b"grpc-message", "grpc-message"):
             message = urllib.parse.unquote(raw.decode(errors="replace"))
     if status is None:
-        return "the server ended the call without grpc-status"
+        return "", "the server ended the call without grpc-status"
     code = int(status) if status.isdigit() else -1
     named = GRPC_STATUS_NAMES[code] if 0 <= code < len(GRPC_STATUS_NAMES) else status
-    return f"the server ended the call: {named}" + (f" ({message})" if message else "")
+    return named, f"the server ended the call: {named}" + (f" ({message})" if message else "")
 
 
 def _error_name(code: int) -> str:
@@ -111,9 +112,11 @@ def _error_name(code: int) -> str:
 
 
 class H2Stream:
-    """One call. `on_message(bytes)` gets each response message, `on_end(reason)` its end."""
+    """One call. `on_message(bytes)` gets each response message, `on_end(reason)` its end;
+    `status` is then the name of the gRPC status the server sent ("" if none), to count
+    ends by (the reason may name the node)."""
 
-    __slots__ = ("_conn", "ended", "id", "on_end", "on_message", "received", "trailers")
+    __slots__ = ("_conn", "ended", "id", "on_end", "on_message", "received", "status", "trailers")
 
     def __init__(
         self,
@@ -127,6 +130,7 @@ class H2Stream:
         self.on_message = on_message
         self.on_end = on_end
         self.received = bytearray()
+        self.status = ""
         self.trailers: str | None = None  # the end reason the server's trailers give
         self.ended = False
 
@@ -242,12 +246,14 @@ class H2Connection(asyncio.Protocol):
                 # with END_STREAM: its status is in them.
                 stream = streams.get(event.stream_id or 0)
                 if event.stream_ended is not None and event.headers and stream is not None:
-                    stream.trailers = _status_reason(event.headers)
+                    stream.status, stream.trailers = status_reason(event.headers)
             elif kind is h2.events.StreamEnded:
                 assert isinstance(event, h2.events.StreamEnded)
                 stream = streams.get(event.stream_id or 0)
                 reason = stream.trailers if stream is not None else None
-                self._end(event.stream_id or 0, reason or "the server ended the call (DATA)")
+                self._end(
+                    event.stream_id or 0, reason or "the server ended the call without trailers"
+                )
             elif kind is h2.events.StreamReset:
                 assert isinstance(event, h2.events.StreamReset)
                 self._end(event.stream_id or 0, f"RST_STREAM {_error_name(event.error_code or 0)}")

@@ -15,7 +15,8 @@ to leave the CPU to the aggregator it measures:
    acknowledgement: connecting 20,000 nodes is paced by what the aggregator acknowledges, not
    a flood the server must queue.
 
-A stream that ends before the bench stops it is a failure (counted by its reason), and its
+A stream that ends before the bench stops it is a failure (counted by its gRPC status, or
+by its reason where the server sent none: RST_STREAM, GOAWAY, a lost connection), and its
 node stops; a node whose snapshot was never acknowledged is counted apart.
 """
 
@@ -99,7 +100,9 @@ class _Node:
     def on_end(self, reason: str) -> None:
         load = self.load
         if not load.stopping:
-            load.failed[reason] += 1
+            # Counted by gRPC status where there is one: its message may name the node.
+            status = self.stream.status if self.stream is not None else ""
+            load.failed[f"grpc-status {status}" if status else reason] += 1
             load.errors.append(f"{self.name}: {reason}")
         if self.first:
             self.first = False
