@@ -16,7 +16,7 @@ import grpc
 
 from aggregator.server import SERVER_OPTIONS
 from gputopo.app.benchmarks._h2load import H2Connection, grpc_headers, status_reason
-from gputopo.app.benchmarks._ingest_load import _stamp
+from gputopo.app.benchmarks._ingest_load import _Load, _Node, _stamp
 from gputopo.runtime import grpcio
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
@@ -169,6 +169,22 @@ def teststatus_reasons_name_the_code_and_decode_the_message() -> None:
     encoded = [(b"grpc-status", b"13"), (b"grpc-message", b"disk 100%25 full%0A")]
     want = ("INTERNAL", "the server ended the call: INTERNAL (disk 100% full\n)")
     assert status_reason(encoded) == want
+
+
+def test_the_load_counts_streams_the_server_ended_by_status_and_keeps_each_reason() -> None:
+    async def body(servicer: Recorder, conn: H2Connection) -> None:
+        load = _Load(2)
+        nodes = [_Node(load, i, f"node-{i}", {}) for i in range(2)]
+        for node in nodes:
+            node.stream = conn.open_stream(node.on_message, node.on_end)
+            node.stream.send(rpb.ReportRequest(node_name="quit", sequence=1).SerializeToString())
+        await asyncio.wait_for(load.all_settled.wait(), 30)
+        assert load.failed == {"grpc-status INVALID_ARGUMENT": 2}
+        assert load.unacked == 2
+        why = "the server ended the call: INVALID_ARGUMENT (node_name: quit)"
+        assert sorted(load.errors) == [f"node-0: {why}", f"node-1: {why}"]
+
+    run(body)
 
 
 def test_cancel_ends_the_call_on_the_server_without_reporting_it_as_a_failure() -> None:
