@@ -1,6 +1,6 @@
-"""The load side of `bench ingest` speaks HTTP/2 itself: checked against a real gRPC server.
+"""The load side of `bench ingest` speaks gRPC over h2 itself: checked against a real server.
 
-A wrong frame, a flow-control slip or a miscounted stream end would make the benchmark's
+A wrong header, a flow-control slip or a miscounted stream end would make the benchmark's
 figures lie, so each is exercised against grpcio's own server (`gputopo.runtime.grpcio`, with
 the aggregator's options) on loopback: what the server decodes, what comes back, what ends.
 """
@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 import grpc
 
 from aggregator.server import SERVER_OPTIONS
-from gputopo.app.benchmarks._h2load import H2Connection, grpc_headers
-from gputopo.app.benchmarks._ingest_load import _stamp
+from gputopo.app.benchmarks._h2load import H2Connection, grpc_headers, status_reason
+from gputopo.app.benchmarks._ingest_load import _Load, _Node, _stamp
 from gputopo.runtime import grpcio
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
@@ -27,7 +27,8 @@ REPORT = "/gputopo.v1.Reporter/Report"
 
 
 class Recorder(rgrpc.ReporterServicer):
-    """Acks every message with its sequence; a node named "quit" is refused at once."""
+    """Acks every message with its sequence; a node named "quit" is refused at once, one named
+    "late" after its message was acked (trailers after a response, not trailers-only)."""
 
     def __init__(self) -> None:
         self.seen: list[rpb.ReportRequest] = []
@@ -44,6 +45,8 @@ class Recorder(rgrpc.ReporterServicer):
                 yield rpb.ReportResponse(
                     status=rpb.ReportResponse.STATUS_ACCEPTED, acked_sequence=msg.sequence
                 )
+                if msg.node_name == "late":
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many nodes")
         finally:
             self.finished.set()
 
@@ -134,13 +137,52 @@ def test_a_stream_the_server_ends_is_reported_and_the_others_go_on() -> None:
         staying = conn.open_stream(stays.message, stays.end)
         quitting.send(rpb.ReportRequest(node_name="quit", sequence=1).SerializeToString())
         await quits.until(lambda: bool(quits.ended))
-        assert quits.ended == ["the server ended the call (trailers)"]
+        assert quits.ended == ["the server ended the call: INVALID_ARGUMENT (node_name: quit)"]
         assert quits.acked == []
         quitting.send(b"")  # nothing is sent on an ended stream
         staying.send(rpb.ReportRequest(node_name="n2", sequence=5).SerializeToString())
         await stays.until(lambda: bool(stays.acked))
         assert stays.acked == [5]
         assert stays.ended == []
+
+    run(body)
+
+
+def test_a_non_ok_status_after_messages_is_reported_with_its_code_and_message() -> None:
+    async def body(servicer: Recorder, conn: H2Connection) -> None:
+        sink = Sink()
+        stream = conn.open_stream(sink.message, sink.end)
+        stream.send(rpb.ReportRequest(node_name="late", sequence=4).SerializeToString())
+        await sink.until(lambda: bool(sink.ended))
+        assert sink.acked == [4]
+        assert sink.ended == ["the server ended the call: RESOURCE_EXHAUSTED (too many nodes)"]
+        assert stream.status == "RESOURCE_EXHAUSTED"
+
+    run(body)
+
+
+def teststatus_reasons_name_the_code_and_decode_the_message() -> None:
+    assert status_reason([(b"grpc-status", b"0")]) == ("OK", "the server ended the call: OK")
+    assert status_reason([(b"grpc-status", b"99")]) == ("99", "the server ended the call: 99")
+    none = ("", "the server ended the call without grpc-status")
+    assert status_reason([(b"x", b"y")]) == none
+    encoded = [(b"grpc-status", b"13"), (b"grpc-message", b"disk 100%25 full%0A")]
+    want = ("INTERNAL", "the server ended the call: INTERNAL (disk 100% full\n)")
+    assert status_reason(encoded) == want
+
+
+def test_the_load_counts_streams_the_server_ended_by_status_and_keeps_each_reason() -> None:
+    async def body(servicer: Recorder, conn: H2Connection) -> None:
+        load = _Load(2)
+        nodes = [_Node(load, i, f"node-{i}", {}) for i in range(2)]
+        for node in nodes:
+            node.stream = conn.open_stream(node.on_message, node.on_end)
+            node.stream.send(rpb.ReportRequest(node_name="quit", sequence=1).SerializeToString())
+        await asyncio.wait_for(load.all_settled.wait(), 30)
+        assert load.failed == {"grpc-status INVALID_ARGUMENT": 2}
+        assert load.unacked == 2
+        why = "the server ended the call: INVALID_ARGUMENT (node_name: quit)"
+        assert sorted(load.errors) == [f"node-0: {why}", f"node-1: {why}"]
 
     run(body)
 

@@ -1,74 +1,122 @@
-"""Bidirectional gRPC streams over HTTP/2 spoken directly: the load side of `bench ingest`.
+"""Bidirectional gRPC streams over HTTP/2 through h2: the load side of `bench ingest`.
 
 Why not grpc.aio: a grpc.aio client spends about 0.3 ms of CPU per message sent and
 acknowledged (a batch per read, a batch per write, a completion-queue hop and a future each),
 so generating 20,000 nodes' 4,000 reports/s took more than the aggregator it measures, on
-the same two cores. Here a message is one pre-encoded DATA frame appended to a buffer that is
-flushed once per loop turn, and an acknowledgement is one frame parsed out of a socket read.
+the same two cores. Why h2 (python-hyper) and not frames written by hand: h2 is the
+maintained HTTP/2 state machine of Python (framing by hyperframe, HPACK by hpack), so the
+protocol's rules (stream states, both sides' flow-control windows, SETTINGS, PING, GOAWAY,
+header compression) are kept by people who test them against other implementations; this
+module is only the asyncio transport around `h2.connection.H2Connection`.
 
-What it implements of RFC 9113, and what it leaves out:
+What it costs per message: a send is one `H2Connection.send_data` call (one DATA frame
+serialized into h2's buffer; header validation and normalization are off, as the only
+headers sent are the fixed gRPC request headers below); h2's buffer goes to the socket once
+per loop turn, however many messages were queued in it. A response is one `DataReceived`
+event: its bytes are acknowledged to h2 (which sends WINDOW_UPDATE only when half a window is
+used, so the server's window never closes) and cut into gRPC messages (5-byte length prefix,
+reassembled across frames).
 
-1. the client preface and SETTINGS (no push; a 2 GiB receive window, so the server never
-   waits for us), SETTINGS and PING acknowledged;
-2. streams opened with one HEADERS frame whose block is HPACK literals and static-table
-   indices only (RFC 7541), so no encoder state is needed;
-3. the server's flow control honoured: DATA waits (in order, per connection) for the
-   connection's and the stream's send window and is split at the server's frame size; at most
-   the server's SETTINGS_MAX_CONCURRENT_STREAMS streams are opened on a connection;
-4. frames from the server: DATA carries gRPC messages (5-byte length prefix) to the stream's
-   `on_message`; HEADERS with END_STREAM (trailers), RST_STREAM, GOAWAY and a lost
-   connection end the stream (`on_end` with the reason). Response headers are not decoded
-   (no HPACK decoder: a status is not needed to count a stream that ended as a failure).
+What it does with the protocol:
+
+1. the client preface and SETTINGS (no push; a 2 GiB - 1 receive window per stream and for the
+   connection, so the server never waits for us);
+2. streams opened with the gRPC request headers, at most the server's
+   SETTINGS_MAX_CONCURRENT_STREAMS on a connection;
+3. the server's flow control honoured: DATA waits, in order per connection, for the send
+   window h2 tracks (`local_flow_control_window`) and is split at the server's frame size;
+   it goes on when h2 reports `WindowUpdated` or new SETTINGS;
+4. the end of a stream reported once, with its reason: trailers (or a trailers-only response)
+   with `grpc-status` and `grpc-message`, RST_STREAM with its error code, GOAWAY, a protocol
+   error or a lost connection.
 """
 
 from __future__ import annotations
 
 import asyncio
-import struct
+import urllib.parse
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-__all__ = ["H2Connection", "H2Stream", "grpc_headers"]
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import h2.settings
+from h2.errors import ErrorCodes
 
-_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-_DATA, _HEADERS, _RST_STREAM, _SETTINGS, _PING, _GOAWAY, _WINDOW_UPDATE = 0, 1, 3, 4, 6, 7, 8
-_END_STREAM, _ACK, _PADDED = 0x1, 0x1, 0x8
-_END_HEADERS, _PRIORITY = 0x4, 0x20
-_MAX_CONCURRENT_STREAMS, _INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE = 0x3, 0x4, 0x5
+__all__ = ["GRPC_STATUS_NAMES", "H2Connection", "H2Stream", "grpc_headers", "status_reason"]
+
+_OUR_WINDOW = 2**31 - 1  # the largest window HTTP/2 allows
 _DEFAULT_WINDOW = 65_535
-_OUR_WINDOW = 2**31 - 1
-_HEADER = struct.Struct(">I")
+
+Headers = list[tuple[bytes, bytes]]
+
+#: gRPC status codes by number (grpc/doc/statuscodes.md), for a stream's end reason.
+GRPC_STATUS_NAMES = (
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+)
 
 
-def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
-    return _HEADER.pack(len(payload))[1:] + bytes((kind, flags)) + _HEADER.pack(stream) + payload
+def grpc_headers(authority: str, path: str) -> Headers:
+    """The request headers of a gRPC call (gRPC over HTTP/2, PROTOCOL-HTTP2.md), as h2 takes
+    them: bytes, lower-case names, pseudo-headers first."""
+    return [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", path.encode()),
+        (b":authority", authority.encode()),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+    ]
 
 
-def _hpack_string(text: str) -> bytes:
-    raw = text.encode()
-    if len(raw) >= 127:
-        raise ValueError(f"header value {text[:40]!r}... too long for this encoder")
-    return bytes((len(raw),)) + raw
+def status_reason(headers: Iterable[tuple[bytes | str, bytes | str]]) -> tuple[str, str]:
+    """The name of trailers' `grpc-status`, and the end of the call in words with
+    `grpc-message` (percent-encoded on the wire)."""
+    status = message = None
+    for name, value in headers:
+        raw = value.encode() if isinstance(value, str) else value
+        if name in (b"grpc-status", "grpc-status"):
+            status = raw.decode(errors="replace")
+        elif name in (b"grpc-message", "grpc-message"):
+            message = urllib.parse.unquote(raw.decode(errors="replace"))
+    if status is None:
+        return "", "the server ended the call without grpc-status"
+    code = int(status) if status.isdigit() else -1
+    named = GRPC_STATUS_NAMES[code] if 0 <= code < len(GRPC_STATUS_NAMES) else status
+    return named, f"the server ended the call: {named}" + (f" ({message})" if message else "")
 
 
-def grpc_headers(authority: str, path: str) -> bytes:
-    """The HPACK block of a gRPC request: static-table indices and literals without indexing."""
-    return b"".join(
-        (
-            b"\x83",  # :method POST (static index 3)
-            b"\x86",  # :scheme http (6)
-            b"\x04" + _hpack_string(path),  # :path, name index 4, literal value
-            b"\x01" + _hpack_string(authority),  # :authority (1)
-            b"\x0f\x10" + _hpack_string("application/grpc"),  # content-type (31)
-            b"\x00" + _hpack_string("te") + _hpack_string("trailers"),
-        )
-    )
+def _error_name(code: int) -> str:
+    try:
+        return ErrorCodes(code).name
+    except ValueError:
+        return str(code)
 
 
 class H2Stream:
-    """One call. `on_message(bytes)` gets each response message, `on_end(reason)` its end."""
+    """One call. `on_message(bytes)` gets each response message, `on_end(reason)` its end;
+    `status` is then the name of the gRPC status the server sent ("" if none), to count
+    ends by (the reason may name the node)."""
 
-    __slots__ = ("_conn", "ended", "id", "on_end", "on_message", "received", "window")
+    __slots__ = ("_conn", "ended", "id", "on_end", "on_message", "received", "status", "trailers")
 
     def __init__(
         self,
@@ -81,14 +129,15 @@ class H2Stream:
         self.id = stream_id
         self.on_message = on_message
         self.on_end = on_end
-        self.window = conn.peer_initial_window
         self.received = bytearray()
+        self.status = ""
+        self.trailers: str | None = None  # the end reason the server's trailers give
         self.ended = False
 
     def send(self, message: bytes) -> None:
         """Queue one gRPC message (uncompressed) for this stream."""
         if not self.ended:
-            self._conn.send_data(self, b"\x00" + _HEADER.pack(len(message)) + message)
+            self._conn.send_data(self, b"\x00" + len(message).to_bytes(4, "big") + message)
 
     def cancel(self) -> None:
         """RST_STREAM(CANCEL): the client ends the call; `on_end` is not called."""
@@ -100,34 +149,37 @@ class H2Stream:
 class H2Connection(asyncio.Protocol):
     """One HTTP/2 connection carrying many gRPC streams. Use `await H2Connection.open(...)`."""
 
-    def __init__(self, header_block: bytes) -> None:
-        self._header_block = header_block
+    def __init__(self, headers: Headers) -> None:
+        config = h2.config.H2Configuration(
+            client_side=True,
+            header_encoding=None,
+            validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+            validate_inbound_headers=False,
+            normalize_inbound_headers=False,
+        )
+        self._h2 = h2.connection.H2Connection(config)
+        self._headers = headers
         self._transport: asyncio.Transport | None = None
-        self._in = bytearray()
-        self._out: list[bytes] = []
         self._flush_pending = False
-        self._pending: deque[tuple[H2Stream, memoryview]] = deque()
+        self._pending: deque[tuple[H2Stream, bytes]] = deque()
         self._streams: dict[int, H2Stream] = {}
-        self._next_id = 1
-        self._received = 0
-        self.send_window = _DEFAULT_WINDOW
-        self.peer_initial_window = _DEFAULT_WINDOW
-        self.peer_max_frame = 16_384
         self.peer_max_streams = 2**31
         self.closed: str | None = None
         self.settled = asyncio.get_running_loop().create_future()
 
     @classmethod
-    async def open(cls, host: str, port: int, header_block: bytes) -> H2Connection:
+    async def open(cls, host: str, port: int, headers: Headers) -> H2Connection:
         """Connect and wait for the server's SETTINGS (so its limits are known)."""
         loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(lambda: cls(header_block), host, port)
+        _, conn = await loop.create_connection(lambda: cls(headers), host, port)
         await asyncio.wait_for(asyncio.shield(conn.settled), 30)
         return conn
 
     @property
     def capacity(self) -> int:
-        """How many more streams this connection may open."""
+        """How many more streams this connection may open (counted here: h2's own count
+        walks every stream)."""
         if self.closed is not None:
             return 0
         return self.peer_max_streams - len(self._streams)
@@ -138,10 +190,11 @@ class H2Connection(asyncio.Protocol):
         """Start a call (HEADERS without END_STREAM); messages follow with `send`."""
         if self.closed is not None:
             raise ConnectionError(f"connection closed: {self.closed}")
-        stream = H2Stream(self, self._next_id, on_message, on_end)
-        self._next_id += 2
-        self._streams[stream.id] = stream
-        self._write(_frame(_HEADERS, _END_HEADERS, stream.id, self._header_block))
+        stream_id = self._h2.get_next_available_stream_id()
+        self._h2.send_headers(stream_id, self._headers)
+        stream = H2Stream(self, stream_id, on_message, on_end)
+        self._streams[stream_id] = stream
+        self._flush_soon()
         return stream
 
     def close(self) -> None:
@@ -157,69 +210,72 @@ class H2Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
-        settings = struct.pack(">HIHI", 0x2, 0, _INITIAL_WINDOW_SIZE, _OUR_WINDOW)
-        self._write(_PREFACE + _frame(_SETTINGS, 0, 0, settings))
-        self._write(_window_update(0, _OUR_WINDOW - _DEFAULT_WINDOW))
+        codes = h2.settings.SettingCodes
+        self._h2.local_settings = h2.settings.Settings(
+            client=True,
+            initial_values={codes.ENABLE_PUSH: 0, codes.INITIAL_WINDOW_SIZE: _OUR_WINDOW},
+        )
+        self._h2.initiate_connection()
+        self._h2.increment_flow_control_window(_OUR_WINDOW - _DEFAULT_WINDOW)
+        self._flush_soon()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end_all(f"connection lost: {exc or 'closed by the server'}")
 
     def data_received(self, data: bytes) -> None:
-        buf = self._in
-        buf += data
-        at = 0
-        while len(buf) - at >= 9:
-            length = int.from_bytes(buf[at : at + 3], "big")
-            end = at + 9 + length
-            if len(buf) < end:
-                break
-            kind, flags = buf[at + 3], buf[at + 4]
-            stream_id = int.from_bytes(buf[at + 5 : at + 9], "big") & 0x7FFF_FFFF
-            self._on_frame(kind, flags, stream_id, bytes(buf[at + 9 : end]))
-            at = end
-        del buf[:at]
+        try:
+            events = self._h2.receive_data(data)
+        except h2.exceptions.ProtocolError as e:
+            self._end_all(f"HTTP/2 protocol error: {type(e).__name__}: {e}")
+            self._flush()
+            if self._transport is not None:
+                self._transport.close()
+            return
+        streams = self._streams
+        for event in events:
+            kind = type(event)
+            if kind is h2.events.WindowUpdated:  # the most frequent: gRPC Core's, per message
+                if self._pending:
+                    self._drain()
+            elif kind is h2.events.DataReceived:
+                assert isinstance(event, h2.events.DataReceived)  # for mypy; the `is` is cheap
+                self._on_data(event, streams.get(event.stream_id))
+            elif kind is h2.events.TrailersReceived or kind is h2.events.ResponseReceived:
+                assert isinstance(event, h2.events.TrailersReceived | h2.events.ResponseReceived)
+                # A trailers-only response (an error before any message) is response headers
+                # with END_STREAM: its status is in them.
+                stream = streams.get(event.stream_id or 0)
+                if event.stream_ended is not None and event.headers and stream is not None:
+                    stream.status, stream.trailers = status_reason(event.headers)
+            elif kind is h2.events.StreamEnded:
+                assert isinstance(event, h2.events.StreamEnded)
+                stream = streams.get(event.stream_id or 0)
+                reason = stream.trailers if stream is not None else None
+                self._end(
+                    event.stream_id or 0, reason or "the server ended the call without trailers"
+                )
+            elif kind is h2.events.StreamReset:
+                assert isinstance(event, h2.events.StreamReset)
+                self._end(event.stream_id or 0, f"RST_STREAM {_error_name(event.error_code or 0)}")
+            elif kind is h2.events.RemoteSettingsChanged:
+                self._on_settings()
+            elif kind is h2.events.ConnectionTerminated:
+                assert isinstance(event, h2.events.ConnectionTerminated)
+                # h2 takes nothing more on a connection after GOAWAY, so every stream ends.
+                self._end_all(f"GOAWAY {_error_name(event.error_code or 0)}")
+        if not self._flush_pending:  # what h2 answered (SETTINGS and PING acks, WINDOW_UPDATE)
+            self._flush()
 
-    # --- frames in -------------------------------------------------------------------------
+    # --- events ----------------------------------------------------------------------------
 
-    def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
-        if kind == _DATA:
-            self._on_data(flags, stream_id, payload)
-        elif kind == _HEADERS:
-            if flags & _END_STREAM:  # trailers: the server ended the call
-                self._end(stream_id, "the server ended the call (trailers)")
-        elif kind == _WINDOW_UPDATE:
-            increment = int.from_bytes(payload[:4], "big") & 0x7FFF_FFFF
-            if stream_id == 0:
-                self.send_window += increment
-            elif (stream := self._streams.get(stream_id)) is not None:
-                stream.window += increment
-            self._drain()
-        elif kind == _SETTINGS and not flags & _ACK:
-            self._on_settings(payload)
-        elif kind == _PING and not flags & _ACK:
-            self._write(_frame(_PING, _ACK, 0, payload))
-        elif kind == _RST_STREAM:
-            code = int.from_bytes(payload[:4], "big")
-            self._end(stream_id, f"RST_STREAM {_H2_ERRORS.get(code, code)}")
-        elif kind == _GOAWAY:
-            last = int.from_bytes(payload[:4], "big") & 0x7FFF_FFFF
-            code = int.from_bytes(payload[4:8], "big")
-            self.closed = f"GOAWAY {_H2_ERRORS.get(code, code)}"
-            for sid in [s for s in self._streams if s > last]:
-                self._end(sid, self.closed)
-
-    def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        self._received += len(payload)
-        if self._received > _OUR_WINDOW // 2:  # give the server its window back, rarely
-            self._write(_window_update(0, self._received))
-            self._received = 0
-        if flags & _PADDED:
-            payload = payload[1 : len(payload) - payload[0]]
-        stream = self._streams.get(stream_id)
-        if stream is None:
+    def _on_data(self, event: h2.events.DataReceived, stream: H2Stream | None) -> None:
+        stream_id = event.stream_id or 0
+        if event.flow_controlled_length:
+            self._h2.acknowledge_received_data(event.flow_controlled_length, stream_id)
+        if stream is None or event.data is None:
             return
         got = stream.received
-        got += payload
+        got += event.data
         at = 0
         while len(got) - at >= 5:
             size = int.from_bytes(got[at + 1 : at + 5], "big")
@@ -229,24 +285,12 @@ class H2Connection(asyncio.Protocol):
                 stream.on_message(bytes(got[at + 5 : at + 5 + size]))
             at += 5 + size
         del got[:at]
-        if flags & _END_STREAM:
-            self._end(stream_id, "the server ended the call (DATA)")
 
-    def _on_settings(self, payload: bytes) -> None:
-        for at in range(0, len(payload) - 5, 6):
-            key, value = struct.unpack_from(">HI", payload, at)
-            if key == _INITIAL_WINDOW_SIZE:
-                for stream in self._streams.values():
-                    stream.window += value - self.peer_initial_window
-                self.peer_initial_window = value
-            elif key == _MAX_FRAME_SIZE:
-                self.peer_max_frame = value
-            elif key == _MAX_CONCURRENT_STREAMS:
-                self.peer_max_streams = value
-        self._write(_frame(_SETTINGS, _ACK, 0, b""))
+    def _on_settings(self) -> None:
+        self.peer_max_streams = self._h2.remote_settings.max_concurrent_streams
         if not self.settled.done():
             self.settled.set_result(None)
-        self._drain()
+        self._drain()  # a larger initial window opens every stream's
 
     def _end(self, stream_id: int, reason: str) -> None:
         stream = self._streams.pop(stream_id, None)
@@ -264,58 +308,60 @@ class H2Connection(asyncio.Protocol):
     # --- frames out ------------------------------------------------------------------------
 
     def send_data(self, stream: H2Stream, data: bytes) -> None:
-        self._pending.append((stream, memoryview(data)))
-        if len(self._pending) == 1:
+        """Send `data` on `stream` now if the windows allow, else after what waits before it."""
+        if self.closed is not None:
+            return  # the stream has ended (or is about to, with the connection's reason)
+        if self._pending:
+            self._pending.append((stream, data))
+            return
+        try:  # h2 checks both windows and the frame size before it changes any state
+            self._h2.send_data(stream.id, data)
+        except (h2.exceptions.FlowControlError, h2.exceptions.FrameTooLargeError):
+            self._pending.append((stream, data))
             self._drain()
+        else:
+            self._flush_soon()
 
     def reset(self, stream: H2Stream) -> None:
         self._streams.pop(stream.id, None)
-        self._write(_frame(_RST_STREAM, 0, stream.id, _HEADER.pack(0x8)))  # CANCEL
+        try:
+            self._h2.reset_stream(stream.id, ErrorCodes.CANCEL)
+        except h2.exceptions.StreamClosedError:
+            return  # it ended on the server's side in the meantime
+        self._flush_soon()
 
     def _drain(self) -> None:
         """Send queued DATA in order while the windows allow (head-of-line by design: the
         server reads every stream, so a full stream window opens again soon)."""
         pending = self._pending
+        conn = self._h2
+        if self.closed is not None:
+            pending.clear()
+            return
         while pending:
             stream, data = pending[0]
-            if stream.ended:
+            if stream.ended or stream.id not in self._streams:
                 pending.popleft()
                 continue
-            n = min(len(data), self.send_window, stream.window, self.peer_max_frame)
+            window = conn.local_flow_control_window(stream.id)
+            n = min(len(data), window, conn.max_outbound_frame_size)
             if n <= 0:
                 return
-            self.send_window -= n
-            stream.window -= n
-            self._write(_frame(_DATA, 0, stream.id, bytes(data[:n])))
+            conn.send_data(stream.id, data[:n] if n < len(data) else data)
             if n == len(data):
                 pending.popleft()
             else:
                 pending[0] = (stream, data[n:])
+        self._flush_soon()
 
-    def _write(self, frame: bytes) -> None:
-        self._out.append(frame)
+    def _flush_soon(self) -> None:
         if not self._flush_pending:
             self._flush_pending = True
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
-        """One socket write per loop turn, however many frames were queued in it."""
+        """One socket write per loop turn, however many frames h2 queued in it."""
         self._flush_pending = False
-        if self._out and self._transport is not None and not self._transport.is_closing():
-            self._transport.write(b"".join(self._out))
-        self._out.clear()
-
-
-def _window_update(stream_id: int, increment: int) -> bytes:
-    return _frame(_WINDOW_UPDATE, 0, stream_id, _HEADER.pack(increment))
-
-
-_H2_ERRORS = {
-    0x0: "NO_ERROR",
-    0x1: "PROTOCOL_ERROR",
-    0x2: "INTERNAL_ERROR",
-    0x3: "FLOW_CONTROL_ERROR",
-    0x7: "REFUSED_STREAM",
-    0x8: "CANCEL",
-    0xB: "ENHANCE_YOUR_CALM",
-}
+        out = self._h2.data_to_send()
+        if out and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(out)

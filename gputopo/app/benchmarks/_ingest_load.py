@@ -7,14 +7,16 @@ to leave the CPU to the aggregator it measures:
 
 1. messages encoded once per node (its name, incarnation and payload); a send appends only the
    sequence and the send time, hand-encoded (protobuf merges concatenated fields);
-2. HTTP/2 spoken directly (`_h2load`), `nodes_per_connection` streams per connection, so the
-   streams spread over many connections, as exporters on many machines would;
+2. HTTP/2 through h2 with no gRPC client library above it (`_h2load`: a message is one DATA
+   frame), `nodes_per_connection` streams per connection, so the streams spread over many
+   connections, as exporters on many machines would;
 3. one timer for all the nodes (a heap of due times), not a sleeping task per node;
 4. streams opened at a bounded rate with a bounded number of snapshots waiting for their
    acknowledgement: connecting 20,000 nodes is paced by what the aggregator acknowledges, not
    a flood the server must queue.
 
-A stream that ends before the bench stops it is a failure (counted by its reason), and its
+A stream that ends before the bench stops it is a failure (counted by its gRPC status, or
+by its reason where the server sent none: RST_STREAM, GOAWAY, a lost connection), and its
 node stops; a node whose snapshot was never acknowledged is counted apart.
 """
 
@@ -98,7 +100,9 @@ class _Node:
     def on_end(self, reason: str) -> None:
         load = self.load
         if not load.stopping:
-            load.failed[reason] += 1
+            # Counted by gRPC status where there is one: its message may name the node.
+            status = self.stream.status if self.stream is not None else ""
+            load.failed[f"grpc-status {status}" if status else reason] += 1
             load.errors.append(f"{self.name}: {reason}")
         if self.first:
             self.first = False
@@ -168,7 +172,7 @@ async def run_load(
     interval = options["delta_interval"]
     load = _Load(len(names))
     host, port = target.rsplit(":", 1)
-    block = grpc_headers(target, _REPORT)
+    headers = grpc_headers(target, _REPORT)
     per_conn = options["nodes_per_connection"]
     connections: list[H2Connection] = []
     heap: list[tuple[float, int, _Node]] = []
@@ -189,7 +193,7 @@ async def run_load(
             if ahead > 0:
                 await asyncio.sleep(ahead)
             if not connections or connections[-1].capacity <= 0 or n % per_conn == 0:
-                connections.append(await H2Connection.open(host, int(port), block))
+                connections.append(await H2Connection.open(host, int(port), headers))
             node.stream = connections[-1].open_stream(node.on_message, node.on_end)
             node.send("snapshot")
             due = time.monotonic() + rng.uniform(0, interval)
