@@ -57,6 +57,7 @@ from gputopo.inventory import Inventory, inventory_labels, inventory_topologies,
 from gputopo.placement import intranode
 from gputopo.reservations import INVENTORY_OWNER, Reservation, new_reservation_id
 from gputopo.runtime import grpcio
+from gputopo.runtime.heap import LongLivedHeap
 from gputopo.runtime.kube import KubeClient, KubeError
 from gputopo.runtime.leader import LeaderElector, LeaseConfig
 from gputopo.runtime.supervisor import Supervisor
@@ -150,6 +151,10 @@ class AggregatorConfig:
     exporter_clients: tuple[str, ...] = DEFAULT_EXPORTER_CLIENTS
     placement_clients: tuple[str, ...] = ()
     operators: tuple[str, ...] = ()
+    # Freeze the objects that lived this long out of the garbage collector's walks, and collect
+    # everything once per `heap_full_collection_s` (gputopo.runtime.heap); 0: Python's default.
+    heap_freeze_s: float = 30.0
+    heap_full_collection_s: float = 3600.0
 
 
 class Aggregator:
@@ -165,6 +170,9 @@ class Aggregator:
     ) -> None:
         self.config = config
         self.clock = clock
+        self.heap = LongLivedHeap(
+            freeze_every_s=config.heap_freeze_s, full_every_s=config.heap_full_collection_s
+        )
         inventory = load_inventory(config.inventory_path) if config.inventory_path else None
         self.state = ClusterState(
             clock=clock,
@@ -373,6 +381,8 @@ class Aggregator:
                     address = f"{self.config.http_host}:{self.config.health_port} (health)"
                 raise OSError(f"cannot listen on {address} for HTTP: {err.strerror}") from None
         self._tasks.append(self.tasks.spawn(self._housekeep(), name="housekeeping"))
+        if self.heap.enabled:
+            self._tasks.append(self.tasks.spawn(self.heap.run(), name="heap"))
         if self.nodes is not None:
             self._tasks.append(self.tasks.spawn(self.nodes.run(), name="node-watch"))
         if self.pods is not None:

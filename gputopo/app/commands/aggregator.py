@@ -67,6 +67,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a node that stops reporting this long is stale (default %(default)s)",
     )
     parser.add_argument(
+        "--heap-freeze",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="move objects that lived this long out of the garbage collector's walks, 0 for"
+        " Python's default collector (default %(default)s)",
+    )
+    parser.add_argument(
+        "--heap-full-collection",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="with --heap-freeze, collect the whole heap this often (default %(default)s)",
+    )
+    parser.add_argument(
         "--reservation-ttl",
         type=float,
         default=60.0,
@@ -344,7 +359,15 @@ def run(args: argparse.Namespace) -> int:
     if (problem := ttl_limits_problem(args.reservation_ttl, args.max_reservation_ttl)) is not None:
         print(f"gputopo aggregator: {problem}", file=sys.stderr)
         return 2
+    if args.heap_freeze < 0 or args.heap_full_collection <= 0:
+        print(
+            "gputopo aggregator: --heap-freeze must be >= 0 and --heap-full-collection > 0",
+            file=sys.stderr,
+        )
+        return 2
     config = AggregatorConfig(
+        heap_freeze_s=args.heap_freeze,
+        heap_full_collection_s=args.heap_full_collection,
         tls=tls,
         require_node_identity=tls is not None and not args.anonymous_exporters,
         extender_clients=tuple(args.extender_client or DEFAULT_EXTENDER_CLIENTS),
