@@ -640,10 +640,10 @@ def _small_ring_bucket(shape: NodeShape, gpus: tuple[int, ...]) -> tuple[int, in
 @lru_cache(maxsize=1 << 16)
 def _small_ring_bucket_of(sub: tuple[tuple[float, ...], ...]) -> tuple[int, int]:
     """`_small_ring_bucket` cached on the submatrix's values rather than on which GPUs: on a
-    PCIe tree most subsets of a size see the same few matrices of buckets (a 4-GPU request on
-    16-GPU servers weighs about 15,000 subsets over 8 nodes, and they have about 1,100
-    distinct matrices), so the ring search runs per matrix, not per subset. The answer and the
-    links charged are functions of the matrix, so what a question costs stays the same."""
+    PCIe tree most subsets of a size see the same few matrices of buckets (a cold 4-GPU
+    request over eight 16-GPU servers weighs about 500 subsets, with about 40 distinct
+    matrices), so the ring search runs per matrix, not per subset. The answer and the links
+    charged are functions of the matrix, so what a question costs stays the same."""
     found = bounded_ring(sub)
     if found.proven:
         return int(-found.gbps), found.work
