@@ -492,8 +492,48 @@ def twin_classes(shape: NodeShape) -> tuple[tuple[int, ...], ...]:
 
     GPU a and b are twins when every other GPU reaches them over the same bandwidth and link
     kind and they share NUMA node, nearest NICs and NVLink rate; the relation is transitive, so
-    it partitions the GPUs.
+    it partitions the GPUs. Below `_ARRAY_TWINS` GPUs the rows are compared in Python (numpy's
+    per-call cost made this 3-4x slower on 16-20 GPUs, paid by every cold decision); from it
+    up, on the arrays. Both give the same classes.
     """
+    if shape.gpu_count < _ARRAY_TWINS:
+        return _twin_classes_rows(shape)
+    return _twin_classes_array(shape)
+
+
+# From this many GPUs up `twin_classes` works on numpy arrays (`ringbound.ARRAY_GPUS` likewise).
+_ARRAY_TWINS = 24
+
+
+def _twin_classes_rows(shape: NodeShape) -> tuple[tuple[int, ...], ...]:
+    """`twin_classes` by comparing each GPU's row with each class leader's, in Python."""
+    n = shape.gpu_count
+    bw, kind, numa, nics, nvl = shape.bw, shape.kind, shape.numa, shape.nics, shape.nvlink_gbps
+    classes: list[list[int]] = []
+    for g in range(n):
+        bw_g, kind_g = bw[g], kind[g]
+        for c in classes:
+            h = c[0]
+            bw_h, kind_h = bw[h], kind[h]
+            if (
+                numa[g] == numa[h]
+                and nics[g] == nics[h]
+                and nvl[g] == nvl[h]
+                and all(
+                    bw_g[x] == bw_h[x] and kind_g[x] == kind_h[x]
+                    for x in range(n)
+                    if x not in (g, h)
+                )
+            ):
+                c.append(g)
+                break
+        else:
+            classes.append([g])
+    return tuple(tuple(c) for c in classes)
+
+
+def _twin_classes_array(shape: NodeShape) -> tuple[tuple[int, ...], ...]:
+    """`twin_classes` on the node's arrays, comparing only GPUs whose sorted rows match."""
     classes: list[list[int]] = []
     bw, kind = shape.bw_array, shape.kind_array
     # Twins have equal rows once sorted (their link to each other is in both, their 0 and

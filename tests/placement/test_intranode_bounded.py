@@ -14,7 +14,7 @@ from gputopo.placement import intranode, links
 from gputopo.placement.intranode import choose, figures_of, twin_classes
 from gputopo.placement.ringbound import bounded_ring
 from gputopo.shape import node_shape
-from gputopo.sim.pcieserver import pcie_server, switch_groups
+from gputopo.sim.pcieserver import pcie_server, pcie_tree, switch_groups, uneven_tree
 from tests.builders import nvswitch_node, pcie_node
 from tests.checked import checked, checks_at_least
 
@@ -213,3 +213,23 @@ def test_nodes_of_one_shape_share_ring_searches_across_free_masks() -> None:
     # subsets weighed leaves a wide margin and still fails a search per subset.
     assert weighed > 500
     assert searches * 4 <= weighed
+
+
+@pytest.mark.parametrize("gpus", [4, 8, 12, 16, 20, 23, 24, 32])
+def test_twin_classes_in_python_and_on_arrays_agree(gpus: int) -> None:
+    """Small nodes find their twins in Python, big ones on numpy arrays: the same classes on
+    tidy and uneven PCIe trees, with NVLink islands, and on NVSwitch nodes."""
+    tree = uneven_tree(gpus, seed=gpus)
+    topologies = [
+        pcie_tree("u", sockets=tree),
+        pcie_tree("v", sockets=uneven_tree(gpus, seed=gpus + 1, sockets=1)),
+        pcie_tree("w", sockets=tree, nvlink_rings=[[0, 1], [2, 3, 4]]),
+    ]
+    if gpus % 2 == 0:
+        topologies.append(pcie_server("p", gpus=gpus))
+    if gpus in (4, 8):
+        topologies += [pcie_node("n", gpus=gpus), nvswitch_node("s", gpus=gpus, nics=gpus // 2)]
+    for shape in map(node_shape, topologies):
+        rows = intranode._twin_classes_rows(shape)
+        assert rows == intranode._twin_classes_array(shape)
+        assert sorted(g for c in rows for g in c) == list(range(gpus))
