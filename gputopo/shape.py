@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import sys
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -144,9 +145,34 @@ class _Seen:
 
 # Recently seen topologies, by the identity of their device tuples: nodes cloned from one
 # machine (a simulated cluster, an inventory import) share their `gpus`, `nics` and `links`
-# tuples, and a report's topology lives as long as the node's state.
+# tuples, and a report's topology lives as long as the node's state. An entry holds its tuples
+# (and shapes), so entries of topologies nobody else holds any more are dropped (`_forget_gone`)
+# whenever the table has doubled since the last look: a departed or re-reported 128-GPU node
+# would otherwise keep its 11,000 links alive (memory, and every full garbage collection walks
+# them) until 4,096 others had come.
 _BY_PARTS: dict[tuple[int, int, int], _Seen] = {}
 _BY_PARTS_MAX = 4096
+_FORGET_AT_LEAST = 64
+_forget_at = [_FORGET_AT_LEAST]  # the table's size at which `_forget_gone` looks next
+
+
+def _references_of_a_held_only_tuple() -> int:
+    """What `sys.getrefcount` says of an entry's `links` that no one else holds (measured, so
+    that the interpreter's own temporary references do not matter)."""
+    probe = _Seen((), (), tuple(range(1)), ())  # type: ignore[arg-type]
+    return sys.getrefcount(probe.links)
+
+
+def _forget_gone() -> None:
+    """Drop the entries whose `links` tuple only the entry holds: its topology is gone, and no
+    later topology can share a tuple no one has (a clone holds its template's tuples)."""
+    gone = [k for k, seen in _BY_PARTS.items() if sys.getrefcount(seen.links) <= _HELD_ONLY_HERE]
+    for key in gone:
+        del _BY_PARTS[key]
+    _forget_at[0] = max(_FORGET_AT_LEAST, 2 * len(_BY_PARTS))
+
+
+_HELD_ONLY_HERE = _references_of_a_held_only_tuple()
 
 
 def node_shape(topology: NodeTopology, *, now: float | None = None) -> NodeShape:
@@ -161,6 +187,8 @@ def node_shape(topology: NodeTopology, *, now: float | None = None) -> NodeShape
             if lk.measured is not None and lk.measured.gbps > 0
         )
         seen = _Seen(gpus, nics, links, tuple(taken))
+        if len(_BY_PARTS) >= _forget_at[0]:
+            _forget_gone()
         if len(_BY_PARTS) >= _BY_PARTS_MAX:
             _BY_PARTS.clear()
         _BY_PARTS[key] = seen

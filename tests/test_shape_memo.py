@@ -129,3 +129,17 @@ def test_the_shape_reads_every_link_as_the_link_says(profile: str) -> None:
             assert (found.bw, found.kind, found.nics) == _reference(variant, now), (profile, now)
             assert found.bw_array.tolist() == [list(r) for r in found.bw]
             assert found.kind_array.tolist() == [[int(k) for k in r] for r in found.kind]
+
+
+def test_entries_of_topologies_no_one_holds_are_dropped() -> None:
+    """A remembered topology holds its device tuples; once its node is gone (departed, or
+    re-reported in new tuples) the entry goes too, so memory follows the live nodes rather than
+    the last 4,096 topologies ever seen, and the live nodes keep their entries and shapes."""
+    shape._BY_PARTS.clear()
+    kept = [pcie_node(f"kept{i}", gpus=8) for i in range(3)]
+    shapes = [node_shape(t) for t in kept]
+    for i in range(5 * shape._FORGET_AT_LEAST):
+        node_shape(pcie_node(f"gone{i}", gpus=4))  # nothing holds it after this line
+    assert len(shape._BY_PARTS) <= shape._FORGET_AT_LEAST
+    assert all((id(t.gpus), id(t.nics), id(t.links)) in shape._BY_PARTS for t in kept)
+    assert all(node_shape(t) is s for t, s in zip(kept, shapes, strict=True))

@@ -159,11 +159,11 @@ def clear_caches() -> None:
     _figures.cache_clear()
     _ring_alternatives.cache_clear()
     _score.cache_clear()
-    _small_ring_bucket.cache_clear()
+    _small_ring_bucket_of.cache_clear()
     _whole_ring.cache_clear()
     _bucketed.cache_clear()
     _bucketed_array.cache_clear()
-    _small_ring.cache_clear()
+    _small_ring_of.cache_clear()
     ceilings.cache_clear()
     twin_classes.cache_clear()
 
@@ -300,12 +300,18 @@ def _search(
     if count > EXACT_RING_GPUS:
         work.whole_ring(shape, bucketed=True)  # `_score` skips through it
     scored: list[tuple[tuple[int, float, int], tuple[int, ...]]] = []
+    left = work.left  # `work.spend`, inlined: this loop runs for every subset weighed
     for pool in pools:
         for subset in _candidates(shape, pool, count):
             key, units = _score(shape, subset, leaves_node)
-            if not work.spend(units) and scored:
-                break
+            if left > 0:
+                left -= units
+            else:
+                work.short = True
+                if scored:
+                    break
             scored.append((key, subset))
+    work.left = left
     top = min(k for k, _ in scored)
     ties = [s for k, s in scored if k == top]
     if len(ties) > 1:
@@ -446,13 +452,18 @@ def _ring_ceiling(shape: NodeShape, subset: tuple[int, ...], work: _Work) -> flo
     return bounded_ring(_submatrix(shape.bw, subset)).high
 
 
-@lru_cache(maxsize=1 << 16)
 def _small_ring(shape: NodeShape, subset: tuple[int, ...]) -> tuple[float, int]:
-    sub = _submatrix(shape.bw, subset)
+    return _small_ring_of(_submatrix(shape.bw, subset))
+
+
+@lru_cache(maxsize=1 << 14)
+def _small_ring_of(sub: tuple[tuple[float, ...], ...]) -> tuple[float, int]:
+    """The ring of a submatrix of at most `EXACT_RING_GPUS` GPUs and the links looked at,
+    cached on the matrix's values (see `_small_ring_bucket_of`)."""
     found = bounded_ring(sub)
     if found.proven:
         return found.gbps, found.work
-    return best_ring_of_matrix(sub)[1], found.work + _dp_units(len(subset))
+    return best_ring_of_matrix(sub)[1], found.work + _dp_units(len(sub))
 
 
 def candidate_subsets(shape: NodeShape, pool: tuple[int, ...], count: int) -> list[tuple[int, ...]]:
@@ -481,8 +492,48 @@ def twin_classes(shape: NodeShape) -> tuple[tuple[int, ...], ...]:
 
     GPU a and b are twins when every other GPU reaches them over the same bandwidth and link
     kind and they share NUMA node, nearest NICs and NVLink rate; the relation is transitive, so
-    it partitions the GPUs.
+    it partitions the GPUs. Below `_ARRAY_TWINS` GPUs the rows are compared in Python (numpy's
+    per-call cost made this 3-4x slower on 16-20 GPUs, paid by every cold decision); from it
+    up, on the arrays. Both give the same classes.
     """
+    if shape.gpu_count < _ARRAY_TWINS:
+        return _twin_classes_rows(shape)
+    return _twin_classes_array(shape)
+
+
+# From this many GPUs up `twin_classes` works on numpy arrays (`ringbound.ARRAY_GPUS` likewise).
+_ARRAY_TWINS = 24
+
+
+def _twin_classes_rows(shape: NodeShape) -> tuple[tuple[int, ...], ...]:
+    """`twin_classes` by comparing each GPU's row with each class leader's, in Python."""
+    n = shape.gpu_count
+    bw, kind, numa, nics, nvl = shape.bw, shape.kind, shape.numa, shape.nics, shape.nvlink_gbps
+    classes: list[list[int]] = []
+    for g in range(n):
+        bw_g, kind_g = bw[g], kind[g]
+        for c in classes:
+            h = c[0]
+            bw_h, kind_h = bw[h], kind[h]
+            if (
+                numa[g] == numa[h]
+                and nics[g] == nics[h]
+                and nvl[g] == nvl[h]
+                and all(
+                    bw_g[x] == bw_h[x] and kind_g[x] == kind_h[x]
+                    for x in range(n)
+                    if x not in (g, h)
+                )
+            ):
+                c.append(g)
+                break
+        else:
+            classes.append([g])
+    return tuple(tuple(c) for c in classes)
+
+
+def _twin_classes_array(shape: NodeShape) -> tuple[tuple[int, ...], ...]:
+    """`twin_classes` on the node's arrays, comparing only GPUs whose sorted rows match."""
     classes: list[list[int]] = []
     bw, kind = shape.bw_array, shape.kind_array
     # Twins have equal rows once sorted (their link to each other is in both, their 0 and
@@ -622,13 +673,21 @@ def _ring_bucket(shape: NodeShape, gpus: tuple[int, ...]) -> tuple[int, int]:
     return _small_ring_bucket(shape, gpus)
 
 
-@lru_cache(maxsize=1 << 16)
 def _small_ring_bucket(shape: NodeShape, gpus: tuple[int, ...]) -> tuple[int, int]:
-    sub = _submatrix(_bucketed(shape), gpus)
+    return _small_ring_bucket_of(_submatrix(_bucketed(shape), gpus))
+
+
+@lru_cache(maxsize=1 << 16)
+def _small_ring_bucket_of(sub: tuple[tuple[float, ...], ...]) -> tuple[int, int]:
+    """`_small_ring_bucket` cached on the submatrix's values rather than on which GPUs: on a
+    PCIe tree most subsets of a size see the same few matrices of buckets (a cold 4-GPU
+    request over eight 16-GPU servers weighs about 500 subsets, with about 40 distinct
+    matrices), so the ring search runs per matrix, not per subset. The answer and the links
+    charged are functions of the matrix, so what a question costs stays the same."""
     found = bounded_ring(sub)
     if found.proven:
         return int(-found.gbps), found.work
-    return int(-best_ring_of_matrix(sub)[1]), found.work + _dp_units(len(gpus))
+    return int(-best_ring_of_matrix(sub)[1]), found.work + _dp_units(len(sub))
 
 
 def _skipped(

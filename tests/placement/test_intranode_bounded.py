@@ -14,7 +14,7 @@ from gputopo.placement import intranode, links
 from gputopo.placement.intranode import choose, figures_of, twin_classes
 from gputopo.placement.ringbound import bounded_ring
 from gputopo.shape import node_shape
-from gputopo.sim.pcieserver import pcie_server, switch_groups
+from gputopo.sim.pcieserver import pcie_server, pcie_tree, switch_groups, uneven_tree
 from tests.builders import nvswitch_node, pcie_node
 from tests.checked import checked, checks_at_least
 
@@ -183,3 +183,53 @@ def test_past_the_subset_cap_the_grown_sets_still_reach_the_best_ring(
     assert found is not None
     best = max(figures_of(shape, tuple(sorted(s))).ring_gbps for s in every)
     assert intranode._bucket(found.ring_gbps) == intranode._bucket(best)
+
+
+def test_nodes_of_one_shape_share_ring_searches_across_free_masks() -> None:
+    """The cold cost of a decision over many nodes of one PCIe model: subsets of a size see a
+    few distinct matrices of link buckets, so the ring search runs once per matrix, not once
+    per subset weighed (67c2cf9 did this through `best_ring_of_matrix`'s cache; a cache by GPU
+    set made the cold PCIe figure 2-4x slower). Counted in searches, not seconds, so it holds
+    on any machine; the answers must not depend on what ran before."""
+    shape = node_shape(pcie_server("n", gpus=16, tiers=("leaf-0", "spine")))
+    rng = random.Random(7)
+    masks = [shape.full_mask] + [
+        sum(1 << g for g in range(16) if rng.random() >= 0.4) for _ in range(7)
+    ]
+    cold = []
+    for mask in masks:
+        intranode.clear_caches()
+        cold.append(choose(shape, mask, 4))
+    intranode.clear_caches()
+    weighed = 0
+    warm = []
+    for mask in masks:
+        weighed += len(intranode.candidate_subsets(shape, intranode._bits(mask), 4))
+        warm.append(choose(shape, mask, 4))
+    assert warm == cold
+    searches = intranode._small_ring_bucket_of.cache_info().misses
+    # The 4-GPU subsets of this tree (two sockets, leaf switches of two GPUs)
+    # fall into a few dozen bucket matrices (39 of 792 subsets today); a quarter of the
+    # subsets weighed leaves a wide margin and still fails a search per subset.
+    assert weighed > 500
+    assert searches * 4 <= weighed
+
+
+@pytest.mark.parametrize("gpus", [4, 8, 12, 16, 20, 23, 24, 32])
+def test_twin_classes_in_python_and_on_arrays_agree(gpus: int) -> None:
+    """Small nodes find their twins in Python, big ones on numpy arrays: the same classes on
+    tidy and uneven PCIe trees, with NVLink islands, and on NVSwitch nodes."""
+    tree = uneven_tree(gpus, seed=gpus)
+    topologies = [
+        pcie_tree("u", sockets=tree),
+        pcie_tree("v", sockets=uneven_tree(gpus, seed=gpus + 1, sockets=1)),
+        pcie_tree("w", sockets=tree, nvlink_rings=[[0, 1], [2, 3, 4]]),
+    ]
+    if gpus % 2 == 0:
+        topologies.append(pcie_server("p", gpus=gpus))
+    if gpus in (4, 8):
+        topologies += [pcie_node("n", gpus=gpus), nvswitch_node("s", gpus=gpus, nics=gpus // 2)]
+    for shape in map(node_shape, topologies):
+        rows = intranode._twin_classes_rows(shape)
+        assert rows == intranode._twin_classes_array(shape)
+        assert sorted(g for c in rows for g in c) == list(range(gpus))
