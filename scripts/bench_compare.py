@@ -23,7 +23,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent.parent
 # Fields that name a row of a list (which layout, size, shape, policy it is about).
-ROW_KEYS = ("layout", "gpus", "shape", "policy", "server")
+ROW_KEYS = ("layout", "gpus", "node_gpus", "request_gpus", "shape", "policy", "server")
 
 
 def run(checkout: Path, bench: list[str]) -> dict[str, Any]:
