@@ -63,7 +63,7 @@ from gputopo.v1 import reporter_pb2_grpc as rgrpc  # noqa: E402
 from gputopo.v1 import topology_pb2 as tpb  # noqa: E402
 
 # The aggregator's own memory beside its nodes' (README "Memory per node").
-AGGREGATOR_OWN_MIB = 80.0
+AGGREGATOR_OWN_MIB = 128.0
 _MIB = 2**20
 _OPERATOR = "bench-operator"
 

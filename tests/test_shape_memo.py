@@ -136,6 +136,7 @@ def test_entries_of_topologies_no_one_holds_are_dropped() -> None:
     re-reported in new tuples) the entry goes too, so memory follows the live nodes rather than
     the last 4,096 topologies ever seen, and the live nodes keep their entries and shapes."""
     shape._BY_PARTS.clear()
+    shape._forget_at[0] = shape._FORGET_AT_LEAST  # earlier tests may have left it higher
     kept = [pcie_node(f"kept{i}", gpus=8) for i in range(3)]
     shapes = [node_shape(t) for t in kept]
     for i in range(5 * shape._FORGET_AT_LEAST):

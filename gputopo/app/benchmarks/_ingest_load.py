@@ -28,9 +28,10 @@ import heapq
 import random
 import time
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gputopo.app.benchmarks._h2load import H2Connection, H2Stream, grpc_headers
+if TYPE_CHECKING:
+    from gputopo.app.benchmarks._h2load import H2Connection, H2Stream
 
 __all__ = ["fabric_tiers", "run_load"]
 
@@ -172,6 +173,9 @@ async def run_load(
     interval = options["delta_interval"]
     load = _Load(len(names))
     host, port = target.rsplit(":", 1)
+    # h2 (the `bench` extra) only where the load runs: the image and `gputopo --help` do without.
+    from gputopo.app.benchmarks._h2load import H2Connection, grpc_headers
+
     headers = grpc_headers(target, _REPORT)
     per_conn = options["nodes_per_connection"]
     connections: list[H2Connection] = []

@@ -445,6 +445,14 @@ def run(args: argparse.Namespace) -> int:
         if not value > 0:
             print(f"gputopo bench ingest: {option} must be positive, not {value}")
             return 2
+    import importlib.util
+
+    if importlib.util.find_spec("h2") is None:
+        print(
+            "gputopo bench ingest: the load generator needs the h2 package:"
+            " pip install 'gputopo[bench]'"
+        )
+        return 2
     from gputopo.app.progress import Progress
 
     phases = 1 + (not args.no_baseline) + bool(args.memory_nodes)
