@@ -152,12 +152,16 @@ class NodeBook:
 
         When the last report needed no change (`effective is base`: the common case), neither
         does this one unless a link it changed is above its ceiling, and the record keeps one
-        topology, not two (about 5 KiB a node)."""
+        topology, not two (about 5 KiB a node).
+
+        The changed links are taken from `reported`, not from the delta: a delta may name one
+        pair twice, and only the last of them is what the node has."""
+        changed = [lk for given in delta.links if (lk := reported.link(given.a, given.b))]
         if effective is base:
-            cut = [c for lk in delta.links if (c := plausible_link(reported, lk)) is not lk]
+            cut = [c for lk in changed if (c := plausible_link(reported, lk)) is not lk]
             return reported.amended(links=cut) if cut else reported
         return effective.amended(
-            links=[plausible_link(reported, lk) for lk in delta.links],
+            links=[plausible_link(reported, lk) for lk in changed],
             removed_links=delta.removed_links,
             nics=reported.nics if delta.nics else None,
             nvml=delta.nvml,
