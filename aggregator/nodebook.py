@@ -9,7 +9,12 @@ book and the snapshot cache). It owns:
    facts. A delta continues the snapshot of its incarnation and is checked against it first
    (`check_delta`: devices numbered 0..n-1, links on real devices, the per-node memory budget).
 2. **Staleness.** A node that has not reported for `stale_after_s` is stale: kept for display,
-   not placeable. Inventory nodes never go stale.
+   not placeable. Inventory nodes never go stale. Finding the stale nodes does not scan every
+   node (the housekeeping tick asks each second, and every cluster snapshot asks): each node
+   not found stale waits in a heap by its report time as of when it was queued, and a sweep
+   looks only at the entries older than the cut-off, re-queueing those that reported since
+   (at a heartbeat every 10 s and 30 s to go stale, a node is looked at every 30 s, not every
+   tick). Reports do not touch the heap (they only note a clock that went back).
 3. **The merged fabric position.** A node's topology as placement sees it is what its exporter
    reported with the fabric position replaced by the merge of every inter-node source
    (`aggregator.fabric`: inventory, NVML, labels written by others, probes) and no link faster
@@ -28,6 +33,7 @@ change that placement could see is reported through one `on_change(kind, node)`.
 from __future__ import annotations
 
 import enum
+import heapq
 from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field, replace
 
@@ -127,6 +133,14 @@ class NodeBook:
         # Nodes whose Node object was deleted -> the exporter incarnation to ignore.
         self._deleted: dict[str, int] = {}
         self._known_stale: frozenset[str] = frozenset()
+        # The staleness index (module docstring, 2): exporter nodes not found stale have one
+        # live heap entry, `(last_report when queued, name)`, also in `_queued`; an entry not
+        # matching `_queued` is left over from a re-queue or a removal and is dropped when
+        # popped. `_stale`: the nodes the last sweep found stale.
+        self._silence: list[tuple[float, str]] = []
+        self._queued: dict[str, float] = {}
+        self._stale: set[str] = set()
+        self._requeue = False  # a report went back in time: `_sweep` queues all again
 
     # --- the merged fabric position ---------------------------------------------------------
 
@@ -217,15 +231,19 @@ class NodeBook:
                 reported=topology,
                 resolution=resolution,
             )
+            self._queue(name, now)
         else:
             changed = rec.topology != effective
             was_stale = self._is_stale(rec, now)
+            self._requeue |= now < rec.last_report
             rec.topology, rec.incarnation, rec.sequence, rec.last_report = (
                 effective,
                 incarnation,
                 sequence,
                 now,
             )
+            if rec.source != "exporter":  # an inventory node now has an exporter
+                self._queue(name, now)
             rec.reported, rec.resolution, rec.source = topology, resolution, "exporter"
             if not changed and not was_stale:
                 return ReportOutcome.ACCEPTED
@@ -291,6 +309,7 @@ class NodeBook:
             return rec
         now = self._clock()
         was_stale = self._is_stale(rec, now)
+        self._requeue |= now < rec.last_report
         base = rec.reported or rec.topology
         reported = apply_delta(base, delta)
         if rec.reported is None or delta.gpus or delta.fabric is not None:
@@ -306,15 +325,17 @@ class NodeBook:
 
     def heartbeat(self, node: str, *, incarnation: int, sequence: int) -> ReportOutcome:
         """Note that a node is alive: half of all reports, so an ordering check and two
-        assignments (`_next_in_stream` and `_is_stale` written out)."""
+        assignments (`_next_in_stream` and `_is_stale` written out) and a comparison."""
         rec = self._nodes.get(node)
         if rec is None or incarnation > rec.incarnation:
             return ReportOutcome.RESYNC
         if incarnation < rec.incarnation or sequence <= rec.sequence:
             return ReportOutcome.IGNORED
         now = self._clock()
-        was_stale = rec.source == "exporter" and now - rec.last_report > self.stale_after_s
+        last = rec.last_report
+        was_stale = rec.source == "exporter" and now - last > self.stale_after_s
         rec.sequence, rec.last_report = sequence, now
+        self._requeue |= now < last
         if was_stale:
             self._on_change(ChangeKind.NODE, node)
         return ReportOutcome.ACCEPTED
@@ -357,6 +378,7 @@ class NodeBook:
         node selectors until the node's Kubernetes labels, if it has a Node object, replace
         them."""
         effective, resolution = self._effective(topology.name, topology)
+        self._untrack(topology.name)
         self._nodes[topology.name] = NodeRecord(
             effective,
             0,
@@ -374,6 +396,7 @@ class NodeBook:
         """Forget a node (deleted from the cluster)."""
         if self._nodes.pop(node, None) is None:
             return False
+        self._untrack(node)
         self._on_change(ChangeKind.REMOVED, node)
         return True
 
@@ -386,13 +409,15 @@ class NodeBook:
         A stale node stays visible (and unplaceable) while there is reason to think it exists:
         a Node object, or a stream still open. Without either it is a ghost (a forged name, a
         machine gone for good), and keeping it forever made state grow with what clients
-        claimed rather than with what the cluster has.
+        claimed rather than with what the cluster has. Returned sorted; with `ttl_s` at least
+        `stale_after_s` (as configured) only the stale nodes are looked at.
         """
+        candidates = self.stale_nodes() if ttl_s >= self.stale_after_s else sorted(self._nodes)
         now = self._clock()
         gone = [
             name
-            for name, rec in self._nodes.items()
-            if rec.source == "exporter"
+            for name in candidates
+            if (rec := self._nodes[name]).source == "exporter"
             and now - rec.last_report > ttl_s
             and name not in live
             and not has_object(name)
@@ -446,6 +471,46 @@ class NodeBook:
     def _is_stale(self, rec: NodeRecord, now: float) -> bool:
         return rec.source == "exporter" and now - rec.last_report > self.stale_after_s
 
+    def _queue(self, name: str, last_report: float) -> None:
+        heapq.heappush(self._silence, (last_report, name))
+        self._queued[name] = last_report
+
+    def _untrack(self, name: str) -> None:
+        self._queued.pop(name, None)  # its heap entry, if any, is dropped when popped
+        self._stale.discard(name)
+
+    def _requeue_all(self) -> None:
+        self._stale.clear()
+        self._queued = {n: r.last_report for n, r in self._nodes.items() if r.source == "exporter"}
+        self._silence = [(t, n) for n, t in self._queued.items()]
+        heapq.heapify(self._silence)
+
+    def _sweep(self, now: float) -> None:
+        """Bring `_stale` up to `now`: it is then exactly the nodes `_is_stale` says are.
+
+        A queued node is fresh while its entry is (its entry is no later than its last
+        report), so only the entries past the cut-off are looked at; the nodes found stale
+        before are checked again (they may have reported, or `stale_after_s` grown). A report
+        earlier than the one before it (the clock went back) may have broken that order:
+        everything is queued again."""
+        if self._requeue:
+            self._requeue = False
+            self._requeue_all()
+        for name in [n for n in self._stale if not self._is_stale(self._nodes[n], now)]:
+            self._stale.discard(name)  # it reported again
+            self._queue(name, self._nodes[name].last_report)
+        heap, limit = self._silence, self.stale_after_s
+        while heap and now - heap[0][0] > limit:
+            queued_at, name = heapq.heappop(heap)
+            if self._queued.get(name) != queued_at:
+                continue  # left over from a re-queue or a removal
+            rec = self._nodes[name]
+            if self._is_stale(rec, now):
+                del self._queued[name]
+                self._stale.add(name)
+            else:
+                self._queue(name, rec.last_report)
+
     def is_stale(self, node: str) -> bool:
         """Whether a known node stopped reporting."""
         rec = self._nodes.get(node)
@@ -453,8 +518,8 @@ class NodeBook:
 
     def stale_nodes(self) -> list[str]:
         """Nodes that stopped reporting."""
-        now = self._clock()
-        return sorted(n for n, r in self._nodes.items() if self._is_stale(r, now))
+        self._sweep(self._clock())
+        return sorted(self._stale)
 
     @property
     def known_stale(self) -> frozenset[str]:

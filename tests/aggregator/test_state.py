@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from aggregator.changes import ChangeEvent, ChangeKind
@@ -252,3 +252,91 @@ def test_a_deleted_node_stays_out_until_a_new_life_or_a_new_node_object(
     state.set_labels("n1", {})
     assert state.apply_snapshot(NODE, incarnation=6, sequence=2) is ReportOutcome.ACCEPTED
     assert state.node_names == ["n1"]
+
+
+# --- the staleness index: what a scan of every node would say, without the scan -------------
+
+_SMALL = {name: nvswitch_node(name, gpus=1) for name in ("a", "b", "c", "d")}
+_STALENESS_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("snapshot"), st.sampled_from(sorted(_SMALL))),
+        st.tuples(st.just("heartbeat"), st.sampled_from(sorted(_SMALL))),
+        st.tuples(st.just("static"), st.sampled_from(sorted(_SMALL))),
+        st.tuples(st.just("remove"), st.sampled_from(sorted(_SMALL))),
+        st.tuples(st.just("wait"), st.sampled_from([1.0, 10.0, 29.0, 30.0, 31.0, 100.0])),
+        st.tuples(st.just("clock back"), st.sampled_from([1.0, 50.0])),
+        st.tuples(st.just("limit"), st.sampled_from([10.0, 30.0, 60.0])),
+        st.tuples(st.just("ghosts"), st.sampled_from([5.0, 40.0, 200.0])),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300)
+@given(_STALENESS_STEPS)
+@example([("snapshot", "a"), ("wait", 29.0), ("heartbeat", "a"), ("wait", 29.0), ("wait", 31.0)])
+@example([("snapshot", "a"), ("clock back", 50.0), ("heartbeat", "a"), ("wait", 31.0)])
+@example([("snapshot", "a"), ("clock back", 50.0), ("snapshot", "a"), ("wait", 31.0)])
+@example([("snapshot", "a"), ("remove", "a"), ("wait", 31.0)])
+@example([("static", "a"), ("snapshot", "a"), ("wait", 31.0)])
+@example([("snapshot", "a"), ("wait", 31.0), ("limit", 60.0), ("limit", 10.0)])
+def test_stale_nodes_are_what_a_scan_of_every_node_says(steps: list[tuple[str, object]]) -> None:
+    """The node book finds stale nodes from a heap of report times (`NodeBook._sweep`); at
+    every step it must name exactly the nodes whose own record says they are stale, through
+    reports, removals, inventory nodes, a changed limit and a clock that steps back."""
+    clock = Clock()
+    state = ClusterState(clock=clock, stale_after_s=30)
+    for sequence, (kind, arg) in enumerate(steps, start=1):
+        if kind == "snapshot":
+            state.apply_snapshot(_SMALL[str(arg)], incarnation=1, sequence=sequence)
+        elif kind == "heartbeat":
+            state.heartbeat(str(arg), incarnation=1, sequence=sequence)
+        elif kind == "static":
+            state.add_static(_SMALL[str(arg)])
+        elif kind == "remove":
+            state.remove_node(str(arg))
+        elif kind == "wait":
+            clock.now += float(str(arg))
+        elif kind == "clock back":
+            clock.now -= float(str(arg))
+        elif kind == "limit":
+            state.stale_after_s = float(str(arg))
+        else:
+            ttl = float(str(arg))
+            want = sorted(
+                n
+                for n in state.node_names
+                if (rec := state.record(n)) is not None
+                and rec.source == "exporter"
+                and clock.now - rec.last_report > ttl
+            )
+            assert state.forget_ghosts(ttl_s=ttl, live=set(), has_object=lambda n: False) == want
+        scanned = [n for n in state.node_names if state.is_stale(n)]
+        assert state.stale_nodes() == scanned
+
+
+def test_finding_stale_nodes_looks_at_each_node_about_once_per_limit_not_per_tick() -> None:
+    """What the index saves, as a count (not a time, so machine speed does not matter): 200
+    nodes beating every 10 s, a tick every second for 300 s, going stale after 30 s. A scan
+    looks at every node each tick (60,000 looks); the heap looks at a node when its entry
+    passes the cut-off, about once per 30 s (2,000). The bound leaves twice that."""
+    clock = Clock()
+    state = ClusterState(clock=clock, stale_after_s=30)
+    names = [f"n{i}" for i in range(200)]
+    for name in names:
+        state.apply_snapshot(nvswitch_node(name, gpus=1), incarnation=1, sequence=1)
+    looks = [0]
+    is_stale = state.nodes._is_stale
+
+    def counted(rec: object, now: float) -> bool:
+        looks[0] += 1
+        return is_stale(rec, now)  # type: ignore[arg-type]
+
+    state.nodes._is_stale = counted  # type: ignore[method-assign]
+    for second in range(1, 301):
+        clock.now += 1
+        for i, name in enumerate(names):
+            if (second + i) % 10 == 0:
+                state.heartbeat(name, incarnation=1, sequence=1 + second)
+        assert state.check_stale() == []
+    assert 0 < looks[0] <= 2 * len(names) * 300 // 30
