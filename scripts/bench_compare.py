@@ -5,9 +5,12 @@
         placement --sizes 1000,10000
 
 Both sides run with this interpreter and its installed dependencies; each gets its own
-checkout first on PYTHONPATH. Rounds alternate base, branch, base, branch, ... so that load from
-other work on the machine falls on both alike. Prints JSON: for every numeric figure of the
-benchmark's own JSON, the median over rounds on each side and branch / base.
+checkout first on PYTHONPATH. `--script PATH` runs that script (this checkout's, with the
+arguments after `--`) instead of `gputopo bench`: a benchmark older commits do not have, over
+an API they share (`scripts/bench_state.py`). Rounds alternate base, branch, base, branch,
+... so that load from other work on the machine falls on both alike. Prints JSON: for every
+numeric figure of the benchmark's own JSON, the median over rounds on each side and branch /
+base.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ HERE = Path(__file__).resolve().parent.parent
 ROW_KEYS = ("layout", "gpus", "node_gpus", "request_gpus", "shape", "policy", "server")
 
 
-def run(checkout: Path, bench: list[str]) -> dict[str, Any]:
+def run(checkout: Path, bench: list[str], script: Path | None = None) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(checkout)}
+    command = [str(script), *bench] if script else ["-m", "gputopo", "bench", *bench, "--json"]
     out = subprocess.run(
-        [sys.executable, "-m", "gputopo", "bench", *bench, "--json"],
+        [sys.executable, *command],
         cwd=checkout,
         env=env,
         check=True,
@@ -71,13 +75,15 @@ def main() -> int:
         help="flags added on the branch side alone (space separated): options the base does"
         " not know yet, such as one that turns off a part the branch added",
     )
+    parser.add_argument("--script", type=Path, help="a script to run instead of gputopo bench")
     parser.add_argument("bench", nargs=argparse.REMAINDER, help="-- NAME [benchmark flags]")
     args = parser.parse_args()
     bench = [a for a in args.bench if a != "--"]
     sides: dict[str, list[dict[str, float]]] = {"base": [], "branch": []}
+    script = args.script.resolve() if args.script else None
     for _ in range(args.rounds):
-        sides["base"].append(flatten(run(args.base.resolve(), bench)))
-        sides["branch"].append(flatten(run(HERE, bench + args.branch_only.split())))
+        sides["base"].append(flatten(run(args.base.resolve(), bench, script)))
+        sides["branch"].append(flatten(run(HERE, bench + args.branch_only.split(), script)))
     figures = {}
     for key in sorted(set(sides["base"][0]) & set(sides["branch"][0])):
         if key.rsplit(".", 1)[-1] in (*ROW_KEYS, "seed"):

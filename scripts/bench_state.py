@@ -11,9 +11,12 @@ the next cluster snapshot costs after a delta (what placement pays for ingest mo
 
     PYTHONPATH=. .venv/bin/python scripts/bench_state.py --nodes 2000 --reports 20000
 
-`--base DIR` runs the same measurement on another checkout too (its code first on
-PYTHONPATH, this interpreter), `--rounds` times each, interleaved base, branch, base, ...,
-so that load from other work falls on both alike, and prints the medians and branch / base.
+Side by side with another checkout (this script, that checkout's code, interleaved rounds,
+medians and branch / base): `scripts/bench_compare.py`, which runs it as it runs `gputopo bench`
+
+    .venv/bin/python scripts/bench_compare.py --base /tmp/gputopo-base \
+        --script scripts/bench_state.py -- --nodes 2000
+
 It uses only `ClusterState`'s public API, which older commits share.
 """
 
@@ -22,21 +25,14 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import statistics
-import subprocess
-import sys
 import time
 from dataclasses import replace
-from pathlib import Path
-from typing import Any
 
 from aggregator.state import ClusterState
 from gputopo.delta import NodeDelta
 from gputopo.machines import load_machine
 from gputopo.topology import FabricPosition, Measurement
 
-HERE = Path(__file__).resolve().parent.parent
 _LEAF, _SPINE = 32, 512  # as the ingest bench places its nodes
 
 
@@ -128,55 +124,6 @@ def measure(
     }
 
 
-def _run(checkout: Path, args: argparse.Namespace) -> dict[str, float]:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--nodes",
-            str(args.nodes),
-            "--reports",
-            str(args.reports),
-            "--heartbeats",
-            str(args.heartbeats),
-            "--snapshots",
-            str(args.snapshots),
-            "--profile",
-            args.profile,
-        ],
-        cwd=checkout,
-        env={**os.environ, "PYTHONPATH": str(checkout)},
-        check=True,
-        stdout=subprocess.PIPE,
-        text=True,
-    ).stdout
-    result: dict[str, float] = json.loads(out)
-    return result
-
-
-def compare(args: argparse.Namespace) -> dict[str, Any]:
-    """Interleaved rounds on `--base` and this checkout; medians and branch / base."""
-    sides: dict[str, list[dict[str, float]]] = {"base": [], "branch": []}
-    for _ in range(args.rounds):
-        sides["base"].append(_run(Path(args.base).resolve(), args))
-        sides["branch"].append(_run(HERE, args))
-    table: dict[str, Any] = {}
-    for key in (
-        "us_per_delta",
-        "us_per_heartbeat",
-        "us_per_snapshot",
-        "ms_per_cluster_snapshot_after_a_delta",
-    ):
-        base = statistics.median(r[key] for r in sides["base"])
-        branch = statistics.median(r[key] for r in sides["branch"])
-        table[key] = {
-            "base": base,
-            "branch": branch,
-            "branch/base": round(branch / base, 3) if base else None,
-        }
-    return {"base": str(args.base), "rounds": args.rounds, "nodes": args.nodes, **table}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=2000)
@@ -184,19 +131,11 @@ def main() -> None:
     parser.add_argument("--heartbeats", type=int, default=200000)
     parser.add_argument("--snapshots", type=int, default=2000, help="snapshots of known nodes")
     parser.add_argument("--profile", default="dgx-h100")
-    parser.add_argument("--base", default="", help="another checkout to compare with")
-    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    if args.base:
-        print(json.dumps(compare(args), indent=2))
-    else:
-        print(
-            json.dumps(
-                measure(
-                    args.nodes, args.reports, args.heartbeats, args.snapshots, profile=args.profile
-                )
-            )
-        )
+    figures = measure(
+        args.nodes, args.reports, args.heartbeats, args.snapshots, profile=args.profile
+    )
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":
