@@ -335,7 +335,8 @@ class NodeBook:
         last = rec.last_report
         was_stale = rec.source == "exporter" and now - last > self.stale_after_s
         rec.sequence, rec.last_report = sequence, now
-        self._requeue |= now < last
+        if now < last:
+            self._requeue = True
         if was_stale:
             self._on_change(ChangeKind.NODE, node)
         return ReportOutcome.ACCEPTED
