@@ -242,16 +242,14 @@ class ClusterState:
     def snapshot(self) -> ClusterSnapshot:
         """An immutable view of now: free = not held by any live reservation, stale excluded."""
         self.expire()
-        return self.snapshots.snapshot(
-            generation=self.generation,
-            stale=frozenset(self.nodes.stale_nodes()),
-            records=self.nodes.records(),
-            free=self.free_gpus,
-        )
+        return self._snapshot_from(self.snapshots)
 
     def rebuilt_snapshot(self) -> ClusterSnapshot:
         """A snapshot of now built from scratch, past the cache: what `snapshot` must equal."""
-        return SnapshotCache(clock=self._clock).snapshot(
+        return self._snapshot_from(SnapshotCache(clock=self._clock))
+
+    def _snapshot_from(self, cache: SnapshotCache) -> ClusterSnapshot:
+        return cache.snapshot(
             generation=self.generation,
             stale=frozenset(self.nodes.stale_nodes()),
             records=self.nodes.records(),
