@@ -302,7 +302,8 @@ class NodeBook:
         """Apply changes on top of the node's snapshot of the same incarnation.
 
         Raises `DeltaError` (naming the field) for a delta that its base of the same
-        incarnation cannot take (`check_delta`), before anything changes."""
+        incarnation cannot take (`check_delta`), before anything changes; with `wire_bytes`
+        (its size on the wire) that includes passing the per-node memory budget."""
         self.check_delta(node, delta, incarnation=incarnation, wire_bytes=wire_bytes)
         rec = self._next_in_stream(node, incarnation, sequence)
         if isinstance(rec, ReportOutcome):

@@ -155,11 +155,8 @@ class ClusterState:
         sequence: int,
         wire_bytes: int | None = None,
     ) -> ReportOutcome:
-        """Apply changes on top of the node's snapshot of the same incarnation.
-
-        Raises `DeltaError` (naming the field) for a delta that its base of the same
-        incarnation cannot take, before anything changes; with `wire_bytes` (its size on the
-        wire) that includes passing the per-node memory budget (`NodeBook.check_delta`)."""
+        """Apply a delta on top of the node's snapshot of the same incarnation, or raise
+        `DeltaError` before anything changes (the contract: `NodeBook.apply_delta`)."""
         return self.nodes.apply_delta(
             node, delta, incarnation=incarnation, sequence=sequence, wire_bytes=wire_bytes
         )
