@@ -61,7 +61,7 @@ class SnapshotCache:
             changes = {name: free(name) for name in self._dirty if name in records}
             self._snapshot = previous.with_free(changes, generation=generation)
         else:
-            self._snapshot = self._rebuild(generation, stale, records, free, previous)
+            self._snapshot = self._rebuild(generation, stale, records, free)
         self._dirty.clear()
         self._key = key
         return self._snapshot
@@ -85,15 +85,15 @@ class SnapshotCache:
         stale: frozenset[str],
         records: Mapping[str, NodeRecord],
         free: Callable[[str], frozenset[int]],
-        previous: ClusterSnapshot | None,
     ) -> ClusterSnapshot:
-        """Every node's state afresh (sharing what is unchanged with `previous`).
+        """Every node's state afresh (sharing what is unchanged with the last snapshot).
 
-        A node not changed since `previous` and as stale as it was there keeps its `NodeState`
-        (its free GPUs move only with allocations, which are changes): after one report, the
-        next snapshot asks for one node's free GPUs, not every node's."""
+        A node not changed since the last snapshot and as stale as it was there keeps its
+        `NodeState` (its free GPUs move only with allocations, which are changes): after one
+        report, the next snapshot asks for one node's free GPUs, not every node's."""
         states = []
-        before = previous.nodes if previous is not None and self._key is not None else {}
+        previous = self._snapshot  # set with `_key`, always
+        before = previous.nodes if previous is not None else {}
         was_stale = self._key[1] if self._key is not None else frozenset()
         for name, rec in records.items():
             kept = before.get(name)
