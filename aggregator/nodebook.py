@@ -48,7 +48,6 @@ __all__ = [
     "NodeBook",
     "NodeRecord",
     "ReportOutcome",
-    "check_delta_memory",
 ]
 
 # About what a link takes on the wire (two refs, kind, lanes, bandwidth, a measurement): the
@@ -84,7 +83,7 @@ class NodeRecord:
     probe_address: str = ""
 
 
-def check_delta_memory(base: NodeTopology, delta: NodeDelta, wire_bytes: int) -> None:
+def _check_delta_memory(base: NodeTopology, delta: NodeDelta, wire_bytes: int) -> None:
     """DeltaError (field `delta`) when the node the delta would leave passes the per-node memory
     budget (`gputopo.bounds.NODE_MEMORY_BUDGET`) that ingest holds snapshots to: links it adds
     on top of the node's, and its own size (`wire_bytes`) on top of the node's links."""
@@ -287,7 +286,7 @@ class NodeBook:
         if known is None or known.reported is None or known.incarnation != incarnation:
             return
         if wire_bytes is not None:
-            check_delta_memory(known.reported, delta, wire_bytes)
+            _check_delta_memory(known.reported, delta, wire_bytes)
         check_delta(known.reported, delta)
 
     def apply_delta(
