@@ -161,7 +161,7 @@ def test_a_non_ok_status_after_messages_is_reported_with_its_code_and_message() 
     run(body)
 
 
-def teststatus_reasons_name_the_code_and_decode_the_message() -> None:
+def test_status_reasons_name_the_code_and_decode_the_message() -> None:
     assert status_reason([(b"grpc-status", b"0")]) == ("OK", "the server ended the call: OK")
     assert status_reason([(b"grpc-status", b"99")]) == ("99", "the server ended the call: 99")
     none = ("", "the server ended the call without grpc-status")
