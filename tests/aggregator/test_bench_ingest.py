@@ -74,3 +74,10 @@ def test_a_settle_timeout_that_passes_is_said_and_the_window_measured_anyway() -
     assert figures["errors"] >= 20
     assert main["reports_sent_in_window"] == 0  # the ramp stopped: no node has a stream
     assert figures["targets"]["zero_streams_failed"] is False
+
+
+def test_an_option_that_must_be_positive_is_refused_on_stderr_leaving_stdout_to_figures() -> None:
+    out = _bench("--ramp=0")
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert "--ramp must be positive, not 0.0" in out.stderr

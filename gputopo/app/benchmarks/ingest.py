@@ -453,14 +453,15 @@ def run(args: argparse.Namespace) -> int:
         positive["--settle-timeout"] = args.settle_timeout
     for option, value in positive.items():
         if not value > 0:
-            print(f"gputopo bench ingest: {option} must be positive, not {value}")
+            print(f"gputopo bench ingest: {option} must be positive, not {value}", file=sys.stderr)
             return 2
     import importlib.util
 
     if importlib.util.find_spec("h2") is None:
         print(
             "gputopo bench ingest: the load generator needs the h2 package:"
-            " pip install 'gputopo[bench]'"
+            " pip install 'gputopo[bench]'",
+            file=sys.stderr,
         )
         return 2
     from gputopo.app.progress import Progress
