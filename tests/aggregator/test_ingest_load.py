@@ -112,19 +112,25 @@ def test_messages_with_appended_stamps_arrive_whole_and_are_acked_per_stream() -
 
 
 def test_a_message_past_the_servers_windows_waits_for_them_and_arrives_whole() -> None:
-    # 300 kB: more than the 64 KiB a server grants a stream and a connection at first, and
-    # many frames of the server's maximum frame size.
-    topo = tpb.NodeTopology(name="big", problems=["x" * 100] * 3000)
+    # gRPC Core grants 4 MiB windows and frames of 4 MiB (not HTTP/2's 64 KiB and 16 KiB): two
+    # messages of more than that on two streams of one connection must be cut into frames, wait
+    # for both windows (WINDOW_UPDATE) and keep their order. Checked against the server's
+    # SETTINGS below, so that a server granting more does not make this test pass unexercised.
+    topo = tpb.NodeTopology(name="big", problems=["x" * 100] * 50_000)
 
     async def body(servicer: Recorder, conn: H2Connection) -> None:
-        sink = Sink()
-        stream = conn.open_stream(sink.message, sink.end)
+        sinks = [Sink(), Sink()]
+        streams = [conn.open_stream(s.message, s.end) for s in sinks]
         msg = rpb.ReportRequest(node_name="big", sequence=1, snapshot=rpb.Snapshot(topology=topo))
-        assert msg.ByteSize() > 300_000
-        stream.send(msg.SerializeToString())
-        stream.send(rpb.ReportRequest(node_name="big", sequence=2).SerializeToString())
-        await sink.until(lambda: len(sink.acked) == 2)
-        assert sink.acked == [1, 2]
+        server = conn._h2.remote_settings  # what the server granted (h2 tracks it)
+        assert msg.ByteSize() > max(server.initial_window_size, server.max_frame_size)
+        for stream in streams:
+            stream.send(msg.SerializeToString())
+            stream.send(rpb.ReportRequest(node_name="big", sequence=2).SerializeToString())
+        for sink in sinks:
+            await sink.until(lambda s=sink: len(s.acked) == 2)  # type: ignore[misc]
+        assert [s.acked for s in sinks] == [[1, 2], [1, 2]]
+        assert [s.ended for s in sinks] == [[], []]
         assert servicer.seen[0] == msg
 
     run(body)
