@@ -212,3 +212,35 @@ def test_the_stamp_is_the_protobuf_encoding_of_sequence_and_send_time() -> None:
         want.sent_at.FromNanoseconds(ns)
         got = rpb.ReportRequest.FromString(_stamp(seq, ns))
         assert got == want
+
+
+def test_a_server_that_goes_away_ends_every_open_stream_once_and_the_connection() -> None:
+    # The bench counts each such end as a failed stream: each must end exactly once, with a
+    # reason, and the connection must open no more streams.
+    async def main() -> tuple[list[Sink], H2Connection]:
+        server = grpcio.server(options=SERVER_OPTIONS)
+        rgrpc.add_ReporterServicer_to_server(Recorder(), server)
+        port = grpcio.bind(server, "127.0.0.1", 0)
+        await server.start()
+        conn = await H2Connection.open("127.0.0.1", port, grpc_headers(f"127.0.0.1:{port}", REPORT))
+        sinks = [Sink() for _ in range(3)]
+        for sink in sinks:
+            stream = conn.open_stream(sink.message, sink.end)
+            stream.send(rpb.ReportRequest(node_name="n", sequence=1).SerializeToString())
+        for sink in sinks:
+            await sink.until(lambda s=sink: bool(s.acked))  # type: ignore[misc]
+        await server.stop(0)
+        for sink in sinks:
+            await sink.until(lambda s=sink: bool(s.ended))  # type: ignore[misc]
+        await asyncio.sleep(0.1)  # anything more the closing connection would report
+        conn.close()
+        return sinks, conn
+
+    sinks, conn = asyncio.run(asyncio.wait_for(main(), timeout=60))
+    assert [len(s.ended) for s in sinks] == [1, 1, 1], [s.ended for s in sinks]
+    # gRPC's GOAWAY, PING, GOAWAY is the server leaving (GOAWAY, or each call's end where
+    # that came first), not an HTTP/2 protocol error of ours
+    leaving = ("GOAWAY", "the server ended the call", "RST_STREAM", "connection lost")
+    assert all(s.ended[0].startswith(leaving) for s in sinks), [s.ended for s in sinks]
+    assert conn.closed is not None
+    assert conn.capacity == 0

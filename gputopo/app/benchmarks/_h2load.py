@@ -209,7 +209,13 @@ class H2Connection(asyncio.Protocol):
         try:
             events = self._h2.receive_data(data)
         except h2.exceptions.ProtocolError as e:
-            self._end_all(f"HTTP/2 protocol error: {type(e).__name__}: {e}")
+            if self._h2.state_machine.state is h2.connection.ConnectionState.CLOSED:
+                # h2 closes the connection at the first GOAWAY and refuses what follows it; a
+                # gRPC server going away sends GOAWAY, PING, GOAWAY in one write, so this is
+                # the server leaving (the batch's events, GOAWAY's code among them, are lost).
+                self._end_all(f"GOAWAY (then {type(e).__name__}: {e})")
+            else:
+                self._end_all(f"HTTP/2 protocol error: {type(e).__name__}: {e}")
             self._flush()
             if self._transport is not None:
                 self._transport.close()
