@@ -94,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         metavar="SECONDS",
         help="measure anyway after this long connecting, the nodes not connected counted as "
-        "errors (default 0: 120 s + 30 ms per node)",
+        "errors and the figures saying settled: false (default 0: 120 s + 30 ms per node)",
     )
     parser.add_argument(
         "--delta-interval",
