@@ -17,6 +17,8 @@ import grpc
 import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aggregator.server import Aggregator, AggregatorConfig
 from gputopo.bounds import REPORT_LIMITS
@@ -174,3 +176,112 @@ def test_the_exporter_cuts_an_overlong_string_to_its_bound_instead_of_losing_the
     assert clip_texts(msg) == 2
     check_limits(msg)
     assert msg.snapshot.topology.nvml.reason.startswith("NVML: x")
+
+
+def _holder(report: Message, route: list[FieldDescriptor]) -> Message:
+    """The message of `report` that holds a field reached by `route`, made where missing (the
+    first item of each repeated step, so several fields can land in one message)."""
+    msg = report
+    for step in route:
+        if step.is_repeated:
+            items = getattr(msg, step.name)
+            msg = items[0] if len(items) else items.add()
+        else:
+            msg = getattr(msg, step.name)
+            msg.SetInParent()
+    return msg
+
+
+def _set_near_bound(holder: Message, field: FieldDescriptor, over: bool, item_over: bool) -> None:
+    """Set `field` at its bound, or one past it (`over`: the count or the singular value;
+    `item_over`: one string or integer item of a repeated field)."""
+    limit = REPORT_LIMITS[field.full_name]
+    if field.is_repeated:
+        values = getattr(holder, field.name)
+        del values[:]
+        for _ in range(limit.items + over):
+            if field.type == FieldDescriptor.TYPE_MESSAGE:
+                values.add()
+            elif field.type in _STRING:
+                values.append("x" * limit.chars)
+            else:
+                values.append(limit.value)
+        if item_over and field.type in _STRING:
+            values[-1] = "x" * (limit.chars + 1)
+        elif item_over and limit.value:
+            values[-1] = limit.value + 1
+    elif field.type in _STRING:
+        setattr(holder, field.name, "x" * (limit.chars + over))
+    else:
+        setattr(holder, field.name, limit.value + over)
+
+
+SETTABLE = [
+    (f, route)
+    for f, route in FIELDS
+    if f.full_name in REPORT_LIMITS and (f.is_repeated or f.type in _STRING)
+] + BOUNDED_INTEGERS
+
+
+def _both_walks(report: Message) -> tuple[bool, CodecError | None]:
+    """(what the fast walk says, what the walk with paths raises) of `report`."""
+    from gputopo.codec.limits import _check, _fits
+
+    fits = _fits(report)
+    try:
+        _check(report, "")
+    except CodecError as err:
+        return fits, err
+    return fits, None
+
+
+def _assert_walks_agree(report: Message) -> None:
+    fits, named = _both_walks(report)
+    assert fits == (named is None), (fits, named)
+    if named is not None:
+        with pytest.raises(CodecError) as caught:
+            check_limits(report)
+        assert str(caught.value) == str(named)  # the field named, not "report: past a bound"
+
+
+VARIANTS = [(False, False), (True, False), (False, True)]  # at the bound, count past, item past
+
+
+def test_for_every_bounded_field_the_fast_walk_and_the_walk_with_paths_agree() -> None:
+    """`check_limits` walks a report without paths first and again with them only when that
+    walk fails: each field at its bound, one past it, and one item past it, alone in a report,
+    gets the same answer from both (a report the fast walk lets through unchecked, or one
+    refused without its field named, would be a bug)."""
+    for field, route in SETTABLE:
+        for over, item_over in VARIANTS:
+            report = rpb.ReportRequest(node_name="n1", incarnation=1, sequence=1)
+            _set_near_bound(_holder(report, route), field, over, item_over)
+            try:
+                _assert_walks_agree(report)
+            except AssertionError as err:
+                raise AssertionError(
+                    f"{field.full_name} over={over} item_over={item_over}"
+                ) from err
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(range(len(SETTABLE))),
+            st.sampled_from([False, False, True]),  # mostly at the bound: some reports fit
+            st.sampled_from([False, False, True]),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_with_several_fields_near_their_bounds_both_walks_agree(
+    picks: list[tuple[int, bool, bool]],
+) -> None:
+    """As above, with several fields of one report at or past their bounds together."""
+    report = rpb.ReportRequest(node_name="n1", incarnation=1, sequence=1)
+    for index, over, item_over in picks:
+        field, route = SETTABLE[index]
+        _set_near_bound(_holder(report, route), field, over, item_over)
+    _assert_walks_agree(report)

@@ -112,19 +112,25 @@ def test_messages_with_appended_stamps_arrive_whole_and_are_acked_per_stream() -
 
 
 def test_a_message_past_the_servers_windows_waits_for_them_and_arrives_whole() -> None:
-    # 300 kB: more than the 64 KiB a server grants a stream and a connection at first, and
-    # many frames of the server's maximum frame size.
-    topo = tpb.NodeTopology(name="big", problems=["x" * 100] * 3000)
+    # gRPC Core grants 4 MiB windows and frames of 4 MiB (not HTTP/2's 64 KiB and 16 KiB): two
+    # messages of more than that on two streams of one connection must be cut into frames, wait
+    # for both windows (WINDOW_UPDATE) and keep their order. Checked against the server's
+    # SETTINGS below, so that a server granting more does not make this test pass unexercised.
+    topo = tpb.NodeTopology(name="big", problems=["x" * 100] * 50_000)
 
     async def body(servicer: Recorder, conn: H2Connection) -> None:
-        sink = Sink()
-        stream = conn.open_stream(sink.message, sink.end)
+        sinks = [Sink(), Sink()]
+        streams = [conn.open_stream(s.message, s.end) for s in sinks]
         msg = rpb.ReportRequest(node_name="big", sequence=1, snapshot=rpb.Snapshot(topology=topo))
-        assert msg.ByteSize() > 300_000
-        stream.send(msg.SerializeToString())
-        stream.send(rpb.ReportRequest(node_name="big", sequence=2).SerializeToString())
-        await sink.until(lambda: len(sink.acked) == 2)
-        assert sink.acked == [1, 2]
+        server = conn._h2.remote_settings  # what the server granted (h2 tracks it)
+        assert msg.ByteSize() > max(server.initial_window_size, server.max_frame_size)
+        for stream in streams:
+            stream.send(msg.SerializeToString())
+            stream.send(rpb.ReportRequest(node_name="big", sequence=2).SerializeToString())
+        for sink in sinks:
+            await sink.until(lambda s=sink: len(s.acked) == 2)  # type: ignore[misc]
+        assert [s.acked for s in sinks] == [[1, 2], [1, 2]]
+        assert [s.ended for s in sinks] == [[], []]
         assert servicer.seen[0] == msg
 
     run(body)
@@ -161,7 +167,7 @@ def test_a_non_ok_status_after_messages_is_reported_with_its_code_and_message() 
     run(body)
 
 
-def teststatus_reasons_name_the_code_and_decode_the_message() -> None:
+def test_status_reasons_name_the_code_and_decode_the_message() -> None:
     assert status_reason([(b"grpc-status", b"0")]) == ("OK", "the server ended the call: OK")
     assert status_reason([(b"grpc-status", b"99")]) == ("99", "the server ended the call: 99")
     none = ("", "the server ended the call without grpc-status")
@@ -206,3 +212,35 @@ def test_the_stamp_is_the_protobuf_encoding_of_sequence_and_send_time() -> None:
         want.sent_at.FromNanoseconds(ns)
         got = rpb.ReportRequest.FromString(_stamp(seq, ns))
         assert got == want
+
+
+def test_a_server_that_goes_away_ends_every_open_stream_once_and_the_connection() -> None:
+    # The bench counts each such end as a failed stream: each must end exactly once, with a
+    # reason, and the connection must open no more streams.
+    async def main() -> tuple[list[Sink], H2Connection]:
+        server = grpcio.server(options=SERVER_OPTIONS)
+        rgrpc.add_ReporterServicer_to_server(Recorder(), server)
+        port = grpcio.bind(server, "127.0.0.1", 0)
+        await server.start()
+        conn = await H2Connection.open("127.0.0.1", port, grpc_headers(f"127.0.0.1:{port}", REPORT))
+        sinks = [Sink() for _ in range(3)]
+        for sink in sinks:
+            stream = conn.open_stream(sink.message, sink.end)
+            stream.send(rpb.ReportRequest(node_name="n", sequence=1).SerializeToString())
+        for sink in sinks:
+            await sink.until(lambda s=sink: bool(s.acked))  # type: ignore[misc]
+        await server.stop(0)
+        for sink in sinks:
+            await sink.until(lambda s=sink: bool(s.ended))  # type: ignore[misc]
+        await asyncio.sleep(0.1)  # anything more the closing connection would report
+        conn.close()
+        return sinks, conn
+
+    sinks, conn = asyncio.run(asyncio.wait_for(main(), timeout=60))
+    assert [len(s.ended) for s in sinks] == [1, 1, 1], [s.ended for s in sinks]
+    # gRPC's GOAWAY, PING, GOAWAY is the server leaving (GOAWAY, or each call's end where
+    # that came first), not an HTTP/2 protocol error of ours
+    leaving = ("GOAWAY", "the server ended the call", "RST_STREAM", "connection lost")
+    assert all(s.ended[0].startswith(leaving) for s in sinks), [s.ended for s in sinks]
+    assert conn.closed is not None
+    assert conn.capacity == 0

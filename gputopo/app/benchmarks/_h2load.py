@@ -38,6 +38,7 @@ import urllib.parse
 from collections import deque
 from collections.abc import Callable, Iterable
 
+import grpc
 import h2.config
 import h2.connection
 import h2.events
@@ -45,33 +46,16 @@ import h2.exceptions
 import h2.settings
 from h2.errors import ErrorCodes
 
-__all__ = ["GRPC_STATUS_NAMES", "H2Connection", "H2Stream", "grpc_headers", "status_reason"]
+__all__ = ["H2Connection", "H2Stream", "grpc_headers", "status_reason"]
 
 _OUR_WINDOW = 2**31 - 1  # the largest window HTTP/2 allows
 _DEFAULT_WINDOW = 65_535
 
 Headers = list[tuple[bytes, bytes]]
 
-#: gRPC status codes by number (grpc/doc/statuscodes.md), for a stream's end reason.
-GRPC_STATUS_NAMES = (
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-)
+# gRPC status names by number, for a stream's end reason: grpc's enum (only its names are
+# used here; no gRPC client library carries the load).
+_STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
 def grpc_headers(authority: str, path: str) -> Headers:
@@ -87,20 +71,19 @@ def grpc_headers(authority: str, path: str) -> Headers:
     ]
 
 
-def status_reason(headers: Iterable[tuple[bytes | str, bytes | str]]) -> tuple[str, str]:
+def status_reason(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str, str]:
     """The name of trailers' `grpc-status`, and the end of the call in words with
-    `grpc-message` (percent-encoded on the wire)."""
+    `grpc-message` (percent-encoded on the wire). Headers as h2 gives them with
+    `header_encoding=None`: bytes."""
     status = message = None
     for name, value in headers:
-        raw = value.encode() if isinstance(value, str) else value
-        if name in (b"grpc-status", "grpc-status"):
-            status = raw.decode(errors="replace")
-        elif name in (b"grpc-message", "grpc-message"):
-            message = urllib.parse.unquote(raw.decode(errors="replace"))
+        if name == b"grpc-status":
+            status = value.decode(errors="replace")
+        elif name == b"grpc-message":
+            message = urllib.parse.unquote(value.decode(errors="replace"))
     if status is None:
         return "", "the server ended the call without grpc-status"
-    code = int(status) if status.isdigit() else -1
-    named = GRPC_STATUS_NAMES[code] if 0 <= code < len(GRPC_STATUS_NAMES) else status
+    named = _STATUS_NAMES.get(int(status), status) if status.isdecimal() else status
     return named, f"the server ended the call: {named}" + (f" ({message})" if message else "")
 
 
@@ -226,7 +209,13 @@ class H2Connection(asyncio.Protocol):
         try:
             events = self._h2.receive_data(data)
         except h2.exceptions.ProtocolError as e:
-            self._end_all(f"HTTP/2 protocol error: {type(e).__name__}: {e}")
+            if self._h2.state_machine.state is h2.connection.ConnectionState.CLOSED:
+                # h2 closes the connection at the first GOAWAY and refuses what follows it; a
+                # gRPC server going away sends GOAWAY, PING, GOAWAY in one write, so this is
+                # the server leaving (the batch's events, GOAWAY's code among them, are lost).
+                self._end_all(f"GOAWAY (then {type(e).__name__}: {e})")
+            else:
+                self._end_all(f"HTTP/2 protocol error: {type(e).__name__}: {e}")
             self._flush()
             if self._transport is not None:
                 self._transport.close()

@@ -79,6 +79,9 @@ class _Node:
         self.seq += 1
         now = time.monotonic()
         self.sent.append((kind, now))
+        window = self.load.window
+        if window is not None and window[0] <= now < window[1]:
+            self.load.sent_in_window += 1
         options = self.messages[kind]
         self.stream.send(options[k % len(options)] + _stamp(self.seq, time.time_ns()))
 
@@ -119,7 +122,8 @@ class _Load:
         self.decode = rpb.ReportResponse.FromString
         self.accepted = rpb.ReportResponse.STATUS_ACCEPTED
         self.samples: list[float] = []
-        self.counts: collections.Counter[str] = collections.Counter()
+        self.counts: collections.Counter[str] = collections.Counter()  # acked, by send time
+        self.sent_in_window = 0
         self.errors: list[str] = []
         self.failed: collections.Counter[str] = collections.Counter()
         self.unacked = 0
@@ -167,8 +171,9 @@ async def run_load(
     base: tuple[bytes, list[bytes]],
 ) -> dict[str, Any]:
     """Stream `names` to `target` until the parent's window is over; the figures of this
-    process. Protocol with the parent: ("ready", snapshots not acknowledged) once all are
-    settled or at `options["settle_by"]` (monotonic) at the latest, then (start, end)."""
+    process. Protocol with the parent: ("ready", snapshots not acknowledged, settled) once all
+    are settled (`settled` True) or at `options["settle_by"]` (monotonic) at the latest
+    (False: the ramp stopped there), then (start, end)."""
     rng = random.Random(options["seed"])
     interval = options["delta_interval"]
     load = _Load(len(names))
@@ -232,12 +237,14 @@ async def run_load(
         await ramping  # a connection the server refused ends the run here
         await load.all_settled.wait()
 
+    settled = True
     try:
         try:
             await asyncio.wait_for(connected(), max(0.0, options["settle_by"] - time.monotonic()))
         except TimeoutError:  # measured anyway: nodes not connected by now count as not acked
             ramping.cancel()
-        conn.send(("ready", load.unacked + load.pending))
+            settled = False
+        conn.send(("ready", load.unacked + load.pending, settled))
         start, end = await asyncio.to_thread(conn.recv)
         load.window = (start, end)
         await asyncio.sleep(max(0.0, end - time.monotonic()) + 3.0)  # outstanding acks
@@ -250,6 +257,7 @@ async def run_load(
     return {
         "samples": load.samples,
         "counts": dict(load.counts),
+        "sent_in_window": load.sent_in_window,
         "errors": load.errors,
         "failed_streams": dict(load.failed),
         "unacked_snapshots": load.unacked,

@@ -23,6 +23,8 @@ acknowledged and one more delta interval passed:
   snapshot taken from then on contains it (an upper bound on sent-to-visible);
 - `aggregator_rss_mib`, `aggregator_cpu_percent` (of one core, over the window) and
   `generator_cpu_percent` (the load processes together, same window);
+- `settled`: false when `--settle-timeout` passed before every snapshot was acknowledged (or
+  its stream failed); the window is measured anyway, beside `reports_sent_in_window`;
 - `streams_failed` (a stream that ended before the bench stopped it, by reason: RST_STREAM
   CANCEL, trailers, GOAWAY, a lost connection), `errors` (those, refused messages and
   snapshots never acknowledged); `seconds_until_all_snapshots_acked` is None unless every
@@ -92,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         metavar="SECONDS",
         help="measure anyway after this long connecting, the nodes not connected counted as "
-        "errors (default 0: 120 s + 30 ms per node)",
+        "errors and the figures saying settled: false (default 0: 120 s + 30 ms per node)",
     )
     parser.add_argument(
         "--delta-interval",
@@ -285,12 +287,14 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         proc.start()
         workers.append((proc, a))
     unacked = 0
+    settled = True
     for _, pipe in workers:
         if not pipe.poll(max(0.0, began + limit_s + 60 - time.monotonic())):
             raise RuntimeError(f"a load process did not answer within {limit_s + 60:.0f} s")
-        ready, failed = pipe.recv()
+        ready, failed, worker_settled = pipe.recv()
         assert ready == "ready"
         unacked += failed
+        settled = settled and worker_settled
     snapshots_s = time.monotonic() - began
     start = time.monotonic() + args.delta_interval  # every node is in its steady cycle
     end = start + args.duration
@@ -323,6 +327,10 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     expected_deltas = args.nodes * args.duration / args.delta_interval
     out = {
         "server": kind,
+        # False: --settle-timeout passed before every snapshot was acknowledged or failed; the
+        # ramp stopped there (the nodes not yet opened never are) and the window was measured
+        "settled": settled,
+        "settle_timeout_seconds": round(limit_s, 3),
         # None unless every snapshot was acknowledged: a failed stream is not an acked one.
         "seconds_until_all_snapshots_acked": round(snapshots_s, 2) if not unacked else None,
         "snapshots_not_acked": unacked,
@@ -330,6 +338,8 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         "streams_failed_by_code": dict(failed_streams),
         "channels": sum(r["channels"] for r in results),
         "reports_per_second": round(sum(counts.values()) / args.duration, 1),
+        # sent in the window, acknowledged or not: 0 acked of many sent is a server behind
+        "reports_sent_in_window": sum(r["sent_in_window"] for r in results),
         "deltas_per_second": round(counts["delta"] / args.duration, 1),
         "delta_fraction_acked": round(len(samples) / expected_deltas, 4) if expected_deltas else 0,
         "p50_freshness_seconds": round(_quantile(samples, 0.50), 4),
@@ -443,14 +453,15 @@ def run(args: argparse.Namespace) -> int:
         positive["--settle-timeout"] = args.settle_timeout
     for option, value in positive.items():
         if not value > 0:
-            print(f"gputopo bench ingest: {option} must be positive, not {value}")
+            print(f"gputopo bench ingest: {option} must be positive, not {value}", file=sys.stderr)
             return 2
     import importlib.util
 
     if importlib.util.find_spec("h2") is None:
         print(
             "gputopo bench ingest: the load generator needs the h2 package:"
-            " pip install 'gputopo[bench]'"
+            " pip install 'gputopo[bench]'",
+            file=sys.stderr,
         )
         return 2
     from gputopo.app.progress import Progress
@@ -476,6 +487,7 @@ def run(args: argparse.Namespace) -> int:
         "profile": args.profile,
         "delta_interval_seconds": args.delta_interval,
         "window_seconds": args.duration,
+        "settled": main["settled"],
         "reports_per_second": main["reports_per_second"],
         "deltas_per_second": main["deltas_per_second"],
         "target_deltas_per_second": round(args.nodes / args.delta_interval, 1),
@@ -527,12 +539,19 @@ def _print(f: dict[str, Any]) -> None:
         f"ingest: {f['nodes']} nodes in {f['exporter_processes']} exporter processes, one delta "
         f"per node every {f['delta_interval_seconds']:g} s, {f['window_seconds']:g} s window"
     )
+    main = f["aggregator"]
+    if not f["settled"]:
+        print(
+            f"  NOT SETTLED: {main['snapshots_not_acked']} snapshots not acknowledged after "
+            f"{main['settle_timeout_seconds']:g} s (--settle-timeout); measured anyway, "
+            f"{main['reports_sent_in_window']} reports sent in the window"
+        )
     print(
         f"  {f['reports_per_second']} reports/s ({f['deltas_per_second']} deltas/s, target "
         f"{f['target_deltas_per_second']}), p99 freshness {f['p99_freshness_seconds']} s, "
         f"aggregator {f['aggregator_rss_mib']} MiB, {f['aggregator_cpu_percent']} % CPU, "
         f"generator {f['generator_cpu_percent']} % CPU, {f['streams_failed']} streams failed "
-        f"{f['aggregator']['streams_failed_by_code']}, {f['errors']} errors"
+        f"{main['streams_failed_by_code']}, {f['errors']} errors"
     )
     if "baseline" in f:
         b = f["baseline"]
