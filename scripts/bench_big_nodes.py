@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import random
 import time
 from pathlib import Path
 
@@ -36,7 +35,6 @@ from gputopo.placement import gang, intranode, place
 from gputopo.request import request_from_mapping
 from gputopo.runtime.placement_client import PlacementClient
 from gputopo.shape import node_shape
-from gputopo.topology import DeviceKind, Measurement
 from gputopo.v1 import topology_pb2 as tpb
 
 NAMES = ("tree-2-sockets", "tree-4-sockets", "measured")
@@ -44,26 +42,16 @@ NAMES = ("tree-2-sockets", "tree-4-sockets", "measured")
 
 def write(directory: Path) -> None:
     # here, not at the top: older checkouts measured with --read have no pcie_tree
-    from gputopo.sim.pcieserver import pcie_tree, uneven_tree  # noqa: PLC0415
-
-    rng = random.Random(4)
-    noisy = pcie_tree("measured", sockets=uneven_tree(128, seed=4))
-    noisy = dataclasses.replace(
-        noisy,
-        links=tuple(
-            dataclasses.replace(
-                lk,
-                measured=Measurement(gbps=lk.nominal_gbps * rng.uniform(0.9, 1.1), method="b"),
-            )
-            if lk.a.kind is DeviceKind.GPU and lk.b.kind is DeviceKind.GPU
-            else lk
-            for lk in noisy.links
-        ),
+    from gputopo.sim.pcieserver import (  # noqa: PLC0415
+        measured_with_noise,
+        pcie_tree,
+        uneven_tree,
     )
+
     topologies = [
         pcie_tree("tree-2-sockets", sockets=uneven_tree(128, seed=1)),
         pcie_tree("tree-4-sockets", sockets=uneven_tree(128, seed=3, sockets=4)),
-        noisy,
+        measured_with_noise(pcie_tree("measured", sockets=uneven_tree(128, seed=4)), seed=4),
     ]
     directory.mkdir(parents=True, exist_ok=True)
     for topo in topologies:

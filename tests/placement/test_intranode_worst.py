@@ -9,7 +9,6 @@ written next to it.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 
@@ -20,24 +19,8 @@ from gputopo.links import LinkKind
 from gputopo.placement import intranode, place, ringbound
 from gputopo.request import request_from_mapping
 from gputopo.shape import NodeShape, node_shape
-from gputopo.sim.pcieserver import MAX_TREE_GPUS, pcie_tree, uneven_tree
-from gputopo.topology import DeviceKind, Measurement, NodeTopology
-
-
-def measured(topo: NodeTopology, *, seed: int) -> NodeTopology:
-    """Every GPU pair measured within 10 % of nominal: noise makes every bandwidth distinct, so
-    the matrix is no tree and no two GPUs are twins (the search's worst case)."""
-    rng = random.Random(seed)
-    links = tuple(
-        dataclasses.replace(
-            lk,
-            measured=Measurement(gbps=lk.nominal_gbps * rng.uniform(0.9, 1.1), method="test"),
-        )
-        if lk.a.kind is DeviceKind.GPU and lk.b.kind is DeviceKind.GPU
-        else lk
-        for lk in topo.links
-    )
-    return dataclasses.replace(topo, links=links)
+from gputopo.sim.pcieserver import MAX_TREE_GPUS, measured_with_noise, pcie_tree, uneven_tree
+from gputopo.topology import NodeTopology
 
 
 def islands(gpus: int, sizes: tuple[int, ...]) -> list[list[int]]:
@@ -56,7 +39,7 @@ WORST: dict[str, NodeTopology] = {
     "an uneven two-socket PCIe tree": pcie_tree("a", sockets=uneven_tree(128, seed=1)),
     "another uneven two-socket tree": pcie_tree("b", sockets=uneven_tree(128, seed=2)),
     "an uneven four-socket tree": pcie_tree("c", sockets=uneven_tree(128, seed=3, sockets=4)),
-    "every link measured with noise": measured(
+    "every link measured with noise": measured_with_noise(
         pcie_tree("d", sockets=uneven_tree(128, seed=4)), seed=4
     ),
     "NVLink rings of 2, 3, 4, 6 and 8 GPUs": pcie_tree(
