@@ -51,7 +51,13 @@ def write(directory: Path) -> None:
     topologies = [
         pcie_tree("tree-2-sockets", sockets=uneven_tree(128, seed=1)),
         pcie_tree("tree-4-sockets", sockets=uneven_tree(128, seed=3, sockets=4)),
-        measured_with_noise(pcie_tree("measured", sockets=uneven_tree(128, seed=4)), seed=4),
+        # measured now: the aggregator reads links at its clock, where measurements taken at 0
+        # are stale (the node would be a plain tree); read within 6 hours of writing
+        measured_with_noise(
+            pcie_tree("measured", sockets=uneven_tree(128, seed=4)),
+            seed=4,
+            measured_at=time.time(),
+        ),
     ]
     directory.mkdir(parents=True, exist_ok=True)
     for topo in topologies:
