@@ -123,6 +123,35 @@ def test_a_question_without_a_big_ring_computes_none() -> None:
     assert intranode._whole_ring.cache_info().currsize == 0
 
 
+@pytest.mark.parametrize("name", list(WORST))
+def test_the_ring_bound_on_arrays_is_the_one_in_python(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From `ringbound.ARRAY_GPUS` GPUs up the ring bound runs on numpy arrays: the Python
+    path (forced here) must give the same ring, bounds and links looked at, ties included, and
+    so must the cycle search at thresholds where a roomy budget lets it find cycles (under the
+    default budget it gives up on these nodes, which would hide a different search order)."""
+    shape = _shape(name)
+    for matrix in (intranode._bucketed_array(shape), shape.bw_array):
+        rows = tuple(map(tuple, matrix.tolist()))
+        on_arrays = ringbound.bounded_ring(matrix)
+        with monkeypatch.context() as m:
+            m.setattr(ringbound, "ARRAY_GPUS", MAX_TREE_GPUS + 1)
+            assert ringbound.bounded_ring(rows) == on_arrays
+        values = sorted({float(x) for x in matrix.ravel()}, reverse=True)
+        found = 0
+        for threshold in values[:: max(1, len(values) // 8)]:
+            budgets = (ringbound._Budget(10**6), ringbound._Budget(10**6))
+            cycles = [
+                ringbound._hamiltonian(form, threshold, budget)
+                for form, budget in zip((matrix, rows), budgets, strict=True)
+            ]
+            assert cycles[0] == cycles[1], threshold
+            assert budgets[0].left == budgets[1].left, threshold
+            found += cycles[0] is not None
+        assert found > 0  # the comparison saw cycles, not only two searches giving up
+
+
 @pytest.mark.parametrize(
     "name", ["every link measured with noise", "NVLink rings of 2, 3, 4, 6 and 8 GPUs"]
 )
