@@ -31,7 +31,7 @@ import grpc
 from aggregator.server import Aggregator, AggregatorConfig
 from gputopo.cluster import ClusterSnapshot, NodeState
 from gputopo.codec import topology_from_proto, topology_to_proto
-from gputopo.placement import gang, intranode, place
+from gputopo.placement import clear_caches, place
 from gputopo.request import request_from_mapping
 from gputopo.runtime.placement_client import PlacementClient
 from gputopo.shape import node_shape
@@ -77,8 +77,7 @@ def measure(directory: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     snapshot = ClusterSnapshot(NodeState(t, frozenset(range(t.gpu_count))) for t in topologies)
     for g, request in requests.items():
-        intranode.clear_caches()
-        gang.clear_caches()
+        clear_caches()
         start, cpu = time.perf_counter(), time.process_time()
         result, _ = place(snapshot, request)
         out[f"inproc_{g}"] = round(time.perf_counter() - start, 3)
@@ -99,8 +98,7 @@ def measure(directory: Path) -> dict[str, float]:
             async with grpc.aio.insecure_channel(agg.grpc_target) as channel:
                 client = PlacementClient(channel)
                 for g, request in requests.items():
-                    intranode.clear_caches()
-                    gang.clear_caches()
+                    clear_caches()
                     start, cpu = time.perf_counter(), time.process_time()
                     answer = await client.place(request, dry_run=True)
                     out[f"grpc_{g}"] = round(time.perf_counter() - start, 3)

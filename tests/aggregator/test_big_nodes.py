@@ -14,7 +14,7 @@ import grpc
 
 from aggregator.server import Aggregator, AggregatorConfig
 from gputopo.codec import topology_to_proto
-from gputopo.placement import gang, intranode
+from gputopo.placement import clear_caches
 from gputopo.request import request_from_mapping
 from gputopo.runtime.placement_client import PlacementClient
 from gputopo.shape import node_shape
@@ -64,8 +64,7 @@ def test_an_honest_place_answers_quickly_beside_three_128_gpu_nodes() -> None:
                     calls.append(call)
                 client = PlacementClient(channel)
                 for _ in range(ROUNDS):
-                    intranode.clear_caches()
-                    gang.clear_caches()
+                    clear_caches()
                     for gpus in (1, 8):
                         req = request_from_mapping(
                             {"job": f"tp{gpus}", "groups": [{"name": "tp", "gpus_per_pod": gpus}]}

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gputopo.placement import gang, intranode, place
+from gputopo.placement import clear_caches, gang, place
 from gputopo.request import request_from_mapping
 from gputopo.sim.scenarios import Occupancy, build_nodes, empty_snapshot
 
@@ -61,8 +61,7 @@ def test_warm_decisions_equal_cold_ones_while_the_racks_churn(
             warm, _ = place(snap, request)
             reused += calls["asked"] - calls["computed"] - before
             kept = dict(gang._FILLS)
-            gang.clear_caches()
-            intranode.clear_caches()
+            clear_caches()
             cold, _ = place(snap, request)
             assert warm == cold
     assert reused > 0  # the warm decisions did use kept estimates
