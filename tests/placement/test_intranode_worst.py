@@ -9,14 +9,18 @@ written next to it.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 
+import numpy as np
 import pytest
 
+from gputopo import cost
 from gputopo.cluster import ClusterSnapshot, NodeState
 from gputopo.links import LinkKind
 from gputopo.placement import intranode, place, ringbound
+from gputopo.placement.links import EXACT_RING_GPUS
 from gputopo.request import request_from_mapping
 from gputopo.shape import NodeShape, node_shape
 from gputopo.sim.pcieserver import MAX_TREE_GPUS, measured_with_noise, pcie_tree, uneven_tree
@@ -150,6 +154,34 @@ def test_the_ring_bound_on_arrays_is_the_one_in_python(
             assert budgets[0].left == budgets[1].left, threshold
             found += cycles[0] is not None
         assert found > 0  # the comparison saw cycles, not only two searches giving up
+
+
+@pytest.mark.parametrize("name", list(WORST))
+def test_what_one_gpu_leaves_free_is_ranked_as_ring_bucket_ranks_it(name: str) -> None:
+    """`_rest_of_one` ranks every 1-GPU candidate's rest at once (prefix and suffix minima on
+    the whole ring): it must give each GPU what `_ring_bucket` gives the rest one by one."""
+    shape = _shape(name)
+    order = intranode._whole_ring(shape, bucketed=True)[0]
+    for free in (shape.full_mask, _half_busy(shape, seed=7), _half_busy(shape, seed=8)):
+        gpus = intranode._bits(free)
+        assert len(gpus) - 1 > EXACT_RING_GPUS  # the path `_rest_of_one` stands in for
+        one_by_one = {
+            g: intranode._ring_bucket(shape, tuple(x for x in gpus if x != g))[0] for g in gpus
+        }
+        assert intranode._rest_of_one(shape, gpus, order) == one_by_one
+
+
+def test_links_are_bucketed_on_arrays_as_one_by_one() -> None:
+    """`_buckets` (numpy's logarithm) must bucket every bandwidth as `_bucket` does (the
+    math module's), bucket edges, 0 and infinity included."""
+    ratio = cost.TIME_BUCKET_RATIO
+    values = {g for name in WORST for row in _shape(name).bw for g in row}
+    values |= {0.0, math.inf, 1e-300, 1e300, 5e-324}
+    values |= {ratio**k for k in range(-200, 200)}
+    values |= {math.nextafter(ratio**k, d) for k in range(-50, 50) for d in (0.0, math.inf)}
+    ordered = sorted(values)
+    found = intranode._buckets(np.array(ordered)).tolist()
+    assert found == [float(intranode._bucket(g)) for g in ordered]
 
 
 @pytest.mark.parametrize(
