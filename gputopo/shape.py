@@ -68,8 +68,8 @@ class NodeShape:
         self,
         signature: tuple[object, ...],
         *,
-        bw_array: np.ndarray | None = None,
-        kind_array: np.ndarray | None = None,
+        bw_array: np.ndarray,
+        kind_array: np.ndarray,
     ) -> None:
         n, bw, kind, numa, nics, nic_names, nvl = signature
         self.signature = signature
@@ -80,15 +80,9 @@ class NodeShape:
         self.nics: tuple[tuple[tuple[int, float], ...], ...] = nics  # type: ignore[assignment]
         self.nic_names: tuple[str, ...] = nic_names  # type: ignore[assignment]
         self.nvlink_gbps: tuple[float, ...] = nvl  # type: ignore[assignment]
-        if bw_array is None:
-            bw_array = np.array(bw, dtype=np.float64).reshape(self.gpu_count, self.gpu_count)
         array = bw_array.copy()
         array.flags.writeable = False
         self.bw_array: np.ndarray = array
-        if kind_array is None:
-            kind_array = np.array(
-                [[int(k) for k in row] for row in self.kind], dtype=np.int64
-            ).reshape(self.gpu_count, self.gpu_count)
         kinds = kind_array.copy()
         kinds.flags.writeable = False
         self.kind_array: np.ndarray = kinds
