@@ -24,7 +24,8 @@ tree and near-optimally elsewhere:
    overestimate of the bandwidth), at most `high / low` away from it.
 
 From `ARRAY_GPUS` GPUs up, steps 1-3 and each threshold's neighbour lists run on a numpy array
-(a 128-GPU ring: about a millisecond instead of tens); the answer, ties included, is the same.
+(a 128-GPU ring of tests/placement/test_intranode_worst.py: 0.5-2.7 ms of CPU against 1.9-6.4 ms
+in Python); the answer, ties included, is the same (tested there).
 """
 
 from __future__ import annotations
