@@ -277,7 +277,8 @@ def _round3(values: np.ndarray) -> np.ndarray:
     values) are rounded by Python."""
     scaled = values * 1000.0
     out = np.rint(scaled) / 1000.0
-    near_half = np.abs(np.abs(scaled - np.trunc(scaled)) - 0.5) < 1e-6
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN, not near a half, and odd below
+        near_half = np.abs(np.abs(scaled - np.trunc(scaled)) - 0.5) < 1e-6
     odd = near_half | ~(np.abs(scaled) < _ROUND_EXACT_BELOW)
     for i in np.flatnonzero(odd).tolist():
         out[i] = round(float(values[i]), 3)

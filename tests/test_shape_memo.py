@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import gc
+import math
+import random
 import weakref
 from dataclasses import replace
 
@@ -163,3 +165,19 @@ def test_a_topology_no_one_holds_takes_its_shapes_with_it(
     assert all(node_shape(t) is s for t, s in zip(kept, shapes, strict=True))
     assert all(node_shape(copy.copy(t)) is s for t, s in zip(kept, shapes, strict=True))
     assert reads == []
+
+
+def test_bandwidths_are_rounded_on_arrays_as_python_rounds_them() -> None:
+    """`_round3` must round as `round(x, 3)` does, bit for bit, or one model splits into
+    shapes: halves of a thousandth (decimal ties that are not binary ones), big, tiny,
+    negative and non-finite values included."""
+    rng = random.Random(3)
+    values = [k / 2000 for k in range(-4000, 4000)]
+    values += [k / 2000 + d for k in range(0, 400_000, 997) for d in (-1e-12, 0.0, 1e-12)]
+    values += [rng.uniform(0, 1000) for _ in range(5000)] + [
+        rng.uniform(0, 1e15) for _ in range(50)
+    ]
+    values += [0.0, -0.0, 2.0**40, 2.0**53, 1e300, math.inf, -math.inf, 5e-324]
+    found = shape._round3(np.array(values)).tolist()
+    assert found == [round(v, 3) for v in values]
+    assert math.isnan(shape._round3(np.array([math.nan]))[0])
