@@ -137,7 +137,7 @@ def test_the_ring_bound_on_arrays_is_the_one_in_python(
     default budget it gives up on these nodes, which would hide a different search order)."""
     shape = _shape(name)
     for matrix in (intranode._bucketed_array(shape), shape.bw_array):
-        rows = tuple(map(tuple, matrix.tolist()))
+        rows: ringbound.Matrix = tuple(map(tuple, matrix.tolist()))
         on_arrays = ringbound.bounded_ring(matrix)
         with monkeypatch.context() as m:
             m.setattr(ringbound, "ARRAY_GPUS", MAX_TREE_GPUS + 1)
