@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import sys
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -69,8 +68,8 @@ class NodeShape:
         self,
         signature: tuple[object, ...],
         *,
-        bw_array: np.ndarray | None = None,
-        kind_array: np.ndarray | None = None,
+        bw_array: np.ndarray,
+        kind_array: np.ndarray,
     ) -> None:
         n, bw, kind, numa, nics, nic_names, nvl = signature
         self.signature = signature
@@ -81,15 +80,9 @@ class NodeShape:
         self.nics: tuple[tuple[tuple[int, float], ...], ...] = nics  # type: ignore[assignment]
         self.nic_names: tuple[str, ...] = nic_names  # type: ignore[assignment]
         self.nvlink_gbps: tuple[float, ...] = nvl  # type: ignore[assignment]
-        if bw_array is None:
-            bw_array = np.array(bw, dtype=np.float64).reshape(self.gpu_count, self.gpu_count)
         array = bw_array.copy()
         array.flags.writeable = False
         self.bw_array: np.ndarray = array
-        if kind_array is None:
-            kind_array = np.array(
-                [[int(k) for k in row] for row in self.kind], dtype=np.int64
-            ).reshape(self.gpu_count, self.gpu_count)
         kinds = kind_array.copy()
         kinds.flags.writeable = False
         self.kind_array: np.ndarray = kinds
@@ -131,9 +124,12 @@ _SHAPES: weakref.WeakValueDictionary[tuple[object, ...], NodeShape] = weakref.We
 class _Seen:
     """The shapes of one reported topology, one per set of fresh measurements.
 
-    The entry holds the tuples it was computed from, so an id is never mistaken for a recycled
-    one. `taken` are the measurement times (`measured_at`) of its links, ascending: at any clock
-    the stale ones are a prefix of them, so the length of that prefix names the fresh set.
+    Kept on the topology (`NodeTopology._shape_memo`), so clones of one machine (a simulated
+    cluster, an inventory import: shallow copies sharing `gpus`, `nics` and `links`) read it
+    once, and it goes when the last of them does. The entry holds the tuples it was computed
+    from, so a copy whose devices were swapped afterwards is read afresh. `taken` are the
+    measurement times (`measured_at`) of its links, ascending: at any clock the stale ones are
+    a prefix of them, so the length of that prefix names the fresh set.
     """
 
     gpus: tuple[Gpu, ...]
@@ -143,55 +139,23 @@ class _Seen:
     shapes: dict[int, NodeShape] = field(default_factory=dict)
 
 
-# Recently seen topologies, by the identity of their device tuples: nodes cloned from one
-# machine (a simulated cluster, an inventory import) share their `gpus`, `nics` and `links`
-# tuples, and a report's topology lives as long as the node's state. An entry holds its tuples
-# (and shapes), so entries of topologies nobody else holds any more are dropped (`_forget_gone`)
-# whenever the table has doubled since the last look: a departed or re-reported 128-GPU node
-# would otherwise keep its 11,000 links alive (memory, and every full garbage collection walks
-# them) until 4,096 others had come.
-_BY_PARTS: dict[tuple[int, int, int], _Seen] = {}
-_BY_PARTS_MAX = 4096
-_FORGET_AT_LEAST = 64
-_forget_at = [_FORGET_AT_LEAST]  # the table's size at which `_forget_gone` looks next
-
-
-def _references_of_a_held_only_tuple() -> int:
-    """What `sys.getrefcount` says of an entry's `links` that no one else holds (measured, so
-    that the interpreter's own temporary references do not matter)."""
-    probe = _Seen((), (), tuple(range(1)), ())  # type: ignore[arg-type]
-    return sys.getrefcount(probe.links)
-
-
-def _forget_gone() -> None:
-    """Drop the entries whose `links` tuple only the entry holds: its topology is gone, and no
-    later topology can share a tuple no one has (a clone holds its template's tuples)."""
-    gone = [k for k, seen in _BY_PARTS.items() if sys.getrefcount(seen.links) <= _HELD_ONLY_HERE]
-    for key in gone:
-        del _BY_PARTS[key]
-    _forget_at[0] = max(_FORGET_AT_LEAST, 2 * len(_BY_PARTS))
-
-
-_HELD_ONLY_HERE = _references_of_a_held_only_tuple()
-
-
 def node_shape(topology: NodeTopology, *, now: float | None = None) -> NodeShape:
     """The interned shape of a node (see `NodeShape`); `now` ages out stale measurements."""
     gpus, nics, links = topology.gpus, topology.nics, topology.links
-    key = (id(gpus), id(nics), id(links))
-    seen = _BY_PARTS.get(key)
-    if seen is None or seen.gpus is not gpus or seen.nics is not nics or seen.links is not links:
+    memo = topology._shape_memo  # the field is this function's
+    seen = memo.get("seen")
+    if (
+        not isinstance(seen, _Seen)
+        or seen.gpus is not gpus
+        or seen.nics is not nics
+        or seen.links is not links
+    ):
         taken = sorted(
             lk.measured.measured_at
             for lk in links
             if lk.measured is not None and lk.measured.gbps > 0
         )
-        seen = _Seen(gpus, nics, links, tuple(taken))
-        if len(_BY_PARTS) >= _forget_at[0]:
-            _forget_gone()
-        if len(_BY_PARTS) >= _BY_PARTS_MAX:
-            _BY_PARTS.clear()
-        _BY_PARTS[key] = seen
+        seen = memo["seen"] = _Seen(gpus, nics, links, tuple(taken))
     stale = _stale_count(seen.taken, now)
     found = seen.shapes.get(stale)
     if found is None:
@@ -313,7 +277,8 @@ def _round3(values: np.ndarray) -> np.ndarray:
     values) are rounded by Python."""
     scaled = values * 1000.0
     out = np.rint(scaled) / 1000.0
-    near_half = np.abs(np.abs(scaled - np.trunc(scaled)) - 0.5) < 1e-6
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN, not near a half, and odd below
+        near_half = np.abs(np.abs(scaled - np.trunc(scaled)) - 0.5) < 1e-6
     odd = near_half | ~(np.abs(scaled) < _ROUND_EXACT_BELOW)
     for i in np.flatnonzero(odd).tolist():
         out[i] = round(float(values[i]), 3)

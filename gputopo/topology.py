@@ -289,6 +289,11 @@ class NodeTopology:
     _index: MappingProxyType[tuple[DeviceRef, DeviceRef], Link] = field(
         default_factory=lambda: MappingProxyType({}), init=False, repr=False, compare=False
     )
+    # `gputopo.shape.node_shape`'s memo of this topology's shapes: shallow copies (clones of
+    # one machine) share it as they share the device tuples; it lives and dies with them.
+    _shape_memo: dict[str, object] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         normal = sorted(map(_normal, self.links), key=_order)  # stable: duplicates keep order

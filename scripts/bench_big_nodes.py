@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import random
 import time
 from pathlib import Path
 
@@ -32,11 +31,10 @@ import grpc
 from aggregator.server import Aggregator, AggregatorConfig
 from gputopo.cluster import ClusterSnapshot, NodeState
 from gputopo.codec import topology_from_proto, topology_to_proto
-from gputopo.placement import gang, intranode, place
+from gputopo.placement import clear_caches, place
 from gputopo.request import request_from_mapping
 from gputopo.runtime.placement_client import PlacementClient
 from gputopo.shape import node_shape
-from gputopo.topology import DeviceKind, Measurement
 from gputopo.v1 import topology_pb2 as tpb
 
 NAMES = ("tree-2-sockets", "tree-4-sockets", "measured")
@@ -44,26 +42,22 @@ NAMES = ("tree-2-sockets", "tree-4-sockets", "measured")
 
 def write(directory: Path) -> None:
     # here, not at the top: older checkouts measured with --read have no pcie_tree
-    from gputopo.sim.pcieserver import pcie_tree, uneven_tree  # noqa: PLC0415
-
-    rng = random.Random(4)
-    noisy = pcie_tree("measured", sockets=uneven_tree(128, seed=4))
-    noisy = dataclasses.replace(
-        noisy,
-        links=tuple(
-            dataclasses.replace(
-                lk,
-                measured=Measurement(gbps=lk.nominal_gbps * rng.uniform(0.9, 1.1), method="b"),
-            )
-            if lk.a.kind is DeviceKind.GPU and lk.b.kind is DeviceKind.GPU
-            else lk
-            for lk in noisy.links
-        ),
+    from gputopo.sim.pcieserver import (  # noqa: PLC0415
+        measured_with_noise,
+        pcie_tree,
+        uneven_tree,
     )
+
     topologies = [
         pcie_tree("tree-2-sockets", sockets=uneven_tree(128, seed=1)),
         pcie_tree("tree-4-sockets", sockets=uneven_tree(128, seed=3, sockets=4)),
-        noisy,
+        # measured now: the aggregator reads links at its clock, where measurements taken at 0
+        # are stale (the node would be a plain tree); read within 6 hours of writing
+        measured_with_noise(
+            pcie_tree("measured", sockets=uneven_tree(128, seed=4)),
+            seed=4,
+            measured_at=time.time(),
+        ),
     ]
     directory.mkdir(parents=True, exist_ok=True)
     for topo in topologies:
@@ -83,8 +77,7 @@ def measure(directory: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     snapshot = ClusterSnapshot(NodeState(t, frozenset(range(t.gpu_count))) for t in topologies)
     for g, request in requests.items():
-        intranode.clear_caches()
-        gang.clear_caches()
+        clear_caches()
         start, cpu = time.perf_counter(), time.process_time()
         result, _ = place(snapshot, request)
         out[f"inproc_{g}"] = round(time.perf_counter() - start, 3)
@@ -105,8 +98,7 @@ def measure(directory: Path) -> dict[str, float]:
             async with grpc.aio.insecure_channel(agg.grpc_target) as channel:
                 client = PlacementClient(channel)
                 for g, request in requests.items():
-                    intranode.clear_caches()
-                    gang.clear_caches()
+                    clear_caches()
                     start, cpu = time.perf_counter(), time.process_time()
                     answer = await client.place(request, dry_run=True)
                     out[f"grpc_{g}"] = round(time.perf_counter() - start, 3)

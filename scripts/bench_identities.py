@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import datetime
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -56,8 +54,7 @@ from gputopo.runtime.identity import NODE_PREFIX  # noqa: E402
 from gputopo.runtime.pki import CLIENT_AUTH, SERVER_AUTH, SecretSpec, issue_bundle  # noqa: E402
 from gputopo.runtime.placement_client import PlacementCallError, PlacementClient  # noqa: E402
 from gputopo.runtime.tls import TlsFiles  # noqa: E402
-from gputopo.sim.pcieserver import pcie_tree, uneven_tree  # noqa: E402
-from gputopo.topology import DeviceKind, Measurement  # noqa: E402
+from gputopo.sim.pcieserver import measured_with_noise, pcie_tree, uneven_tree  # noqa: E402
 from gputopo.v1 import reporter_pb2 as rpb  # noqa: E402
 from gputopo.v1 import reporter_pb2_grpc as rgrpc  # noqa: E402
 from gputopo.v1 import topology_pb2 as tpb  # noqa: E402
@@ -133,20 +130,7 @@ def ensure_report(directory: Path, shape: str = "largest") -> bytes:
         small = topology_to_proto(FakeMachine.from_profile(shape, node_name=shape).topology)
         _write(path, small.SerializeToString())
         return path.read_bytes()
-    rng = random.Random(4)
-    topo = pcie_tree("largest", sockets=uneven_tree(128, seed=4))
-    topo = dataclasses.replace(
-        topo,
-        links=tuple(
-            dataclasses.replace(
-                lk,
-                measured=Measurement(gbps=lk.nominal_gbps * rng.uniform(0.9, 1.1), method="test"),
-            )
-            if lk.a.kind is DeviceKind.GPU and lk.b.kind is DeviceKind.GPU
-            else lk
-            for lk in topo.links
-        ),
-    )
+    topo = measured_with_noise(pcie_tree("largest", sockets=uneven_tree(128, seed=4)), seed=4)
     data = topology_to_proto(topo).SerializeToString()
     _write(path, data)
     return data

@@ -5,6 +5,10 @@ measurements, and reads each link as `Link` says."""
 from __future__ import annotations
 
 import copy
+import gc
+import math
+import random
+import weakref
 from dataclasses import replace
 
 import numpy as np
@@ -131,16 +135,49 @@ def test_the_shape_reads_every_link_as_the_link_says(profile: str) -> None:
             assert found.kind_array.tolist() == [[int(k) for k in r] for r in found.kind]
 
 
-def test_entries_of_topologies_no_one_holds_are_dropped() -> None:
-    """A remembered topology holds its device tuples; once its node is gone (departed, or
-    re-reported in new tuples) the entry goes too, so memory follows the live nodes rather than
-    the last 4,096 topologies ever seen, and the live nodes keep their entries and shapes."""
-    shape._BY_PARTS.clear()
-    shape._forget_at[0] = shape._FORGET_AT_LEAST  # earlier tests may have left it higher
+def test_a_topology_no_one_holds_takes_its_shapes_with_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node's shapes are kept with its topology (and its clones): once it is gone (departed,
+    or re-reported in new tuples) nothing keeps its links or its shape alive, while the live
+    nodes keep theirs and are not read again."""
     kept = [pcie_node(f"kept{i}", gpus=8) for i in range(3)]
     shapes = [node_shape(t) for t in kept]
-    for i in range(5 * shape._FORGET_AT_LEAST):
-        node_shape(pcie_node(f"gone{i}", gpus=4))  # nothing holds it after this line
-    assert len(shape._BY_PARTS) <= shape._FORGET_AT_LEAST
-    assert all((id(t.gpus), id(t.nics), id(t.links)) in shape._BY_PARTS for t in kept)
+    gone = pcie_node("gone", gpus=4)
+    first = gone.links[0]  # one bandwidth no other test uses: a shape of its own
+    only = replace(first, measured=Measurement(gbps=12.345678, method="t"))
+    gone = replace(gone, links=(only, *gone.links[1:]))
+    held = weakref.ref(node_shape(gone))
+    assert held() is not None
+    del gone
+    gc.collect()
+    assert held() is None
+    reads: list[NodeTopology] = []
+    real = shape._signature
+
+    def counted(
+        topology: NodeTopology, now: float | None
+    ) -> tuple[tuple[object, ...], np.ndarray, np.ndarray]:
+        reads.append(topology)
+        return real(topology, now)
+
+    monkeypatch.setattr(shape, "_signature", counted)
     assert all(node_shape(t) is s for t, s in zip(kept, shapes, strict=True))
+    assert all(node_shape(copy.copy(t)) is s for t, s in zip(kept, shapes, strict=True))
+    assert reads == []
+
+
+def test_bandwidths_are_rounded_on_arrays_as_python_rounds_them() -> None:
+    """`_round3` must round as `round(x, 3)` does, bit for bit, or one model splits into
+    shapes: halves of a thousandth (decimal ties that are not binary ones), big, tiny,
+    negative and non-finite values included."""
+    rng = random.Random(3)
+    values = [k / 2000 for k in range(-4000, 4000)]
+    values += [k / 2000 + d for k in range(0, 400_000, 997) for d in (-1e-12, 0.0, 1e-12)]
+    values += [rng.uniform(0, 1000) for _ in range(5000)] + [
+        rng.uniform(0, 1e15) for _ in range(50)
+    ]
+    values += [0.0, -0.0, 2.0**40, 2.0**53, 1e300, math.inf, -math.inf, 5e-324]
+    found = shape._round3(np.array(values)).tolist()
+    assert found == [round(v, 3) for v in values]
+    assert math.isnan(shape._round3(np.array([math.nan]))[0])

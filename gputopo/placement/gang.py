@@ -183,9 +183,9 @@ def _remembered(
 
 
 def clear_caches() -> None:
-    """Forget the estimates kept across decisions (benchmarks time decisions cold with this,
-    beside `intranode.clear_caches`)."""
+    """Forget the estimates kept across decisions (`gputopo.placement.clear_caches`)."""
     _FILLS.clear()
+    _on_more_nics.cache_clear()
 
 
 def _fill_estimate(

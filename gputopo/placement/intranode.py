@@ -739,8 +739,8 @@ def _bucketed_array(shape: NodeShape) -> np.ndarray:
 def _buckets(gbps: np.ndarray) -> np.ndarray:
     """`_bucket` of each bandwidth, as floats, bit for bit: numpy's logarithm may differ from
     the math module's in the last place, so values whose bucket lies within 1e-9 of a bucket
-    edge (and 0 or infinite ones) are bucketed by `_bucket` itself."""
-    with np.errstate(divide="ignore", invalid="ignore"):
+    edge (and 0, infinite or subnormal ones) are bucketed by `_bucket` itself."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         exact = np.log(1.0 / gbps) / math.log(cost.TIME_BUCKET_RATIO)
         floor = np.floor(exact)
         unsure = (exact - floor < 1e-9) | (floor + 1 - exact < 1e-9) | ~np.isfinite(exact)

@@ -12,14 +12,33 @@ a lone leaf). Bandwidths are the nominal figures of `gputopo.nominal` for those 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 
 from gputopo.links import LinkKind
 from gputopo.nominal import with_nominal_bandwidth
-from gputopo.topology import FabricPosition, Gpu, Link, Nic, NicKind, NodeTopology, gpu, nic
+from gputopo.topology import (
+    DeviceKind,
+    FabricPosition,
+    Gpu,
+    Link,
+    Measurement,
+    Nic,
+    NicKind,
+    NodeTopology,
+    gpu,
+    nic,
+)
 
-__all__ = ["MAX_TREE_GPUS", "pcie_server", "pcie_tree", "switch_groups", "uneven_tree"]
+__all__ = [
+    "MAX_TREE_GPUS",
+    "measured_with_noise",
+    "pcie_server",
+    "pcie_tree",
+    "switch_groups",
+    "uneven_tree",
+]
 
 # The report bounds allow 128 GPUs per node (`gputopo.codec` limits).
 MAX_TREE_GPUS = 128
@@ -78,6 +97,28 @@ def uneven_tree(gpus: int, *, seed: int, sockets: int = 2) -> list[list[list[int
             mids.append(mid)
         tree.append(mids)
     return tree
+
+
+def measured_with_noise(topo: NodeTopology, *, seed: int, measured_at: float = 0.0) -> NodeTopology:
+    """`topo` with every GPU pair measured within 10 % of nominal (deterministic per `seed`):
+    noise makes every bandwidth distinct, so the matrix is no tree and no two GPUs are twins
+    (the in-node search's worst case). The measurements count while fresh: at `measured_at` 0
+    only where no clock is given (`now=None`), not at a real clock such as an aggregator's."""
+    rng = random.Random(seed)
+    links = tuple(
+        dataclasses.replace(
+            lk,
+            measured=Measurement(
+                gbps=lk.nominal_gbps * rng.uniform(0.9, 1.1),
+                method="test",
+                measured_at=measured_at,
+            ),
+        )
+        if lk.a.kind is DeviceKind.GPU and lk.b.kind is DeviceKind.GPU
+        else lk
+        for lk in topo.links
+    )
+    return dataclasses.replace(topo, links=links)
 
 
 def pcie_tree(

@@ -211,13 +211,7 @@ class Occupancy:
         total = self.snapshot.total_gpus
         free = {n: set(s.free) for n, s in self.snapshot.nodes.items()}
         busy = total - sum(len(f) for f in free.values())
-        self._rooms = [len(free[n]) for n in self._names]
-        most = max(self._rooms, default=0)
-        self._counts = {leaf: [0] * (most + 1) for leaf in self._leaves}
-        self._all_counts = [0] * (most + 1)
-        for i, room in enumerate(self._rooms):
-            self._counts[self._leaf_of[i]][room] += 1
-            self._all_counts[room] += 1
+        self._count_rooms(free)
         misses = 0
         while busy < fraction * total and misses < 200:
             job = sample_job(self.rng, node_gpus=self._node_gpus)
@@ -277,6 +271,17 @@ class Occupancy:
                     counts[after] += 1
         self.jobs.append(taken)
         return taken
+
+    def _count_rooms(self, free: dict[str, set[int]]) -> None:
+        """Start keeping `_rooms` and the per-leaf and cluster counts of free GPUs (during
+        `fill`; `_start` keeps them up to date)."""
+        self._rooms = [len(free[n]) for n in self._names]
+        most = max(self._rooms, default=0)
+        self._counts = {leaf: [0] * (most + 1) for leaf in self._leaves}
+        self._all_counts = [0] * (most + 1)
+        for i, room in enumerate(self._rooms):
+            self._counts[self._leaf_of[i]][room] += 1
+            self._all_counts[room] += 1
 
     def _gang_nodes(
         self, free: dict[str, set[int]] | _Overlay, pods: int, per: int

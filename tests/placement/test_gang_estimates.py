@@ -8,30 +8,60 @@ cluster changed under it.
 
 from __future__ import annotations
 
-from gputopo.placement import gang, intranode, place
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from gputopo.placement import clear_caches, gang, place
 from gputopo.request import request_from_mapping
 from gputopo.sim.scenarios import Occupancy, build_nodes, empty_snapshot
 
 TP8_ON_TRAYS = request_from_mapping(
     {"groups": [{"name": "tp", "pods": 2, "gpus_per_pod": 4, "scope": {"required": "nvlink"}}]}
 )
+GANG_32 = request_from_mapping(
+    {"scope": {"preferred": "leaf"}, "groups": [{"name": "g", "pods": 8, "gpus_per_pod": 4}]}
+)
 GANG_64 = request_from_mapping(
     {"scope": {"preferred": "leaf"}, "groups": [{"name": "g", "pods": 16, "gpus_per_pod": 4}]}
 )
 
 
-def test_warm_decisions_equal_cold_ones_while_the_racks_churn() -> None:
+def test_warm_decisions_equal_cold_ones_while_the_racks_churn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each warm decision starts from the estimates every warm decision before it kept (the
+    cold ones, run in between to compare, must not wipe them), and must use some of them:
+    two gangs of one pod size but different pod counts share everything but their count."""
     occupancy = Occupancy(empty_snapshot(build_nodes("nvl72", 1000)), seed=3)
     occupancy.fill(0.5)
+    calls = Counter[str]()
+    remembered, fill_estimate = gang._remembered, gang._fill_estimate
+
+    def asked(*args: Any) -> Any:
+        calls["asked"] += 1
+        return remembered(*args)
+
+    def computed(*args: Any) -> Any:
+        calls["computed"] += 1
+        return fill_estimate(*args)
+
+    monkeypatch.setattr(gang, "_remembered", asked)
+    monkeypatch.setattr(gang, "_fill_estimate", computed)
     gang.clear_caches()
-    kept = 0
+    kept: dict[tuple[object, ...], object] = {}
+    reused = 0
     for _ in range(12):
         snap = occupancy.churn()
-        for request in (TP8_ON_TRAYS, GANG_64):
+        for request in (TP8_ON_TRAYS, GANG_32, GANG_64):
+            gang._FILLS.clear()
+            gang._FILLS.update(kept)  # type: ignore[arg-type]
+            before = calls["asked"] - calls["computed"]
             warm, _ = place(snap, request)
-            kept = max(kept, len(gang._FILLS))
-            gang.clear_caches()
-            intranode.clear_caches()
+            reused += calls["asked"] - calls["computed"] - before
+            kept = dict(gang._FILLS)
+            clear_caches()
             cold, _ = place(snap, request)
             assert warm == cold
-    assert kept > 0  # the warm decisions did use kept estimates
+    assert reused > 0  # the warm decisions did use kept estimates

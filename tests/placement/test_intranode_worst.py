@@ -9,35 +9,22 @@ written next to it.
 
 from __future__ import annotations
 
-import dataclasses
+import math
 import random
 import time
 
+import numpy as np
 import pytest
 
+from gputopo import cost
 from gputopo.cluster import ClusterSnapshot, NodeState
 from gputopo.links import LinkKind
 from gputopo.placement import intranode, place, ringbound
+from gputopo.placement.links import EXACT_RING_GPUS
 from gputopo.request import request_from_mapping
 from gputopo.shape import NodeShape, node_shape
-from gputopo.sim.pcieserver import MAX_TREE_GPUS, pcie_tree, uneven_tree
-from gputopo.topology import DeviceKind, Measurement, NodeTopology
-
-
-def measured(topo: NodeTopology, *, seed: int) -> NodeTopology:
-    """Every GPU pair measured within 10 % of nominal: noise makes every bandwidth distinct, so
-    the matrix is no tree and no two GPUs are twins (the search's worst case)."""
-    rng = random.Random(seed)
-    links = tuple(
-        dataclasses.replace(
-            lk,
-            measured=Measurement(gbps=lk.nominal_gbps * rng.uniform(0.9, 1.1), method="test"),
-        )
-        if lk.a.kind is DeviceKind.GPU and lk.b.kind is DeviceKind.GPU
-        else lk
-        for lk in topo.links
-    )
-    return dataclasses.replace(topo, links=links)
+from gputopo.sim.pcieserver import MAX_TREE_GPUS, measured_with_noise, pcie_tree, uneven_tree
+from gputopo.topology import NodeTopology
 
 
 def islands(gpus: int, sizes: tuple[int, ...]) -> list[list[int]]:
@@ -56,7 +43,7 @@ WORST: dict[str, NodeTopology] = {
     "an uneven two-socket PCIe tree": pcie_tree("a", sockets=uneven_tree(128, seed=1)),
     "another uneven two-socket tree": pcie_tree("b", sockets=uneven_tree(128, seed=2)),
     "an uneven four-socket tree": pcie_tree("c", sockets=uneven_tree(128, seed=3, sockets=4)),
-    "every link measured with noise": measured(
+    "every link measured with noise": measured_with_noise(
         pcie_tree("d", sockets=uneven_tree(128, seed=4)), seed=4
     ),
     "NVLink rings of 2, 3, 4, 6 and 8 GPUs": pcie_tree(
@@ -138,6 +125,63 @@ def test_a_question_without_a_big_ring_computes_none() -> None:
     free = intranode.mask_of([0, 127])
     assert intranode.search_work(shape, free, 1) <= 10
     assert intranode._whole_ring.cache_info().currsize == 0
+
+
+@pytest.mark.parametrize("name", list(WORST))
+def test_the_ring_bound_on_arrays_is_the_one_in_python(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From `ringbound.ARRAY_GPUS` GPUs up the ring bound runs on numpy arrays: the Python
+    path (forced here) must give the same ring, bounds and links looked at, ties included, and
+    so must the cycle search at thresholds where a roomy budget lets it find cycles (under the
+    default budget it gives up on these nodes, which would hide a different search order)."""
+    shape = _shape(name)
+    for matrix in (intranode._bucketed_array(shape), shape.bw_array):
+        rows: ringbound.Matrix = tuple(map(tuple, matrix.tolist()))
+        on_arrays = ringbound.bounded_ring(matrix)
+        with monkeypatch.context() as m:
+            m.setattr(ringbound, "ARRAY_GPUS", MAX_TREE_GPUS + 1)
+            assert ringbound.bounded_ring(rows) == on_arrays
+        values = sorted({float(x) for x in matrix.ravel()}, reverse=True)
+        found = 0
+        for threshold in values[:: max(1, len(values) // 8)]:
+            budgets = (ringbound._Budget(10**6), ringbound._Budget(10**6))
+            cycles = [
+                ringbound._hamiltonian(form, threshold, budget)
+                for form, budget in zip((matrix, rows), budgets, strict=True)
+            ]
+            assert cycles[0] == cycles[1], threshold
+            assert budgets[0].left == budgets[1].left, threshold
+            found += cycles[0] is not None
+        assert found > 0  # the comparison saw cycles, not only two searches giving up
+
+
+@pytest.mark.parametrize("name", list(WORST))
+def test_what_one_gpu_leaves_free_is_ranked_as_ring_bucket_ranks_it(name: str) -> None:
+    """`_rest_of_one` ranks every 1-GPU candidate's rest at once (prefix and suffix minima on
+    the whole ring): it must give each GPU what `_ring_bucket` gives the rest one by one."""
+    shape = _shape(name)
+    order = intranode._whole_ring(shape, bucketed=True)[0]
+    for free in (shape.full_mask, _half_busy(shape, seed=7), _half_busy(shape, seed=8)):
+        gpus = intranode._bits(free)
+        assert len(gpus) - 1 > EXACT_RING_GPUS  # the path `_rest_of_one` stands in for
+        one_by_one = {
+            g: intranode._ring_bucket(shape, tuple(x for x in gpus if x != g))[0] for g in gpus
+        }
+        assert intranode._rest_of_one(shape, gpus, order) == one_by_one
+
+
+def test_links_are_bucketed_on_arrays_as_one_by_one() -> None:
+    """`_buckets` (numpy's logarithm) must bucket every bandwidth as `_bucket` does (the
+    math module's), bucket edges, 0 and infinity included."""
+    ratio = cost.TIME_BUCKET_RATIO
+    values = {g for name in WORST for row in _shape(name).bw for g in row}
+    values |= {0.0, math.inf, 1e-300, 1e300, 5e-324}
+    values |= {ratio**k for k in range(-200, 200)}
+    values |= {math.nextafter(ratio**k, d) for k in range(-50, 50) for d in (0.0, math.inf)}
+    ordered = sorted(values)
+    found = intranode._buckets(np.array(ordered)).tolist()
+    assert found == [float(intranode._bucket(g)) for g in ordered]
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ and leave the random generator in the same state.
 
 from __future__ import annotations
 
+import hashlib
 import random
 
 import pytest
@@ -48,7 +49,7 @@ def test_the_best_fit_sampler_draws_what_randrange_draws(
     ours = Occupancy(snapshot, seed=seed)
     theirs = Occupancy(snapshot, seed=seed)
     if filling:
-        ours._rooms = [len(free[n]) for n in sorted(free)]
+        ours._count_rooms(free)
     for per in (1, 2, 4, 8, 1, 3, 8, 2):
         assert ours._random_node(free, per) == _reference(theirs, free, per)
         assert ours.rng.getstate() == theirs.rng.getstate()
@@ -64,6 +65,25 @@ def test_a_filled_state_is_the_same_for_the_same_seed() -> None:
     assert 0.4 < 1 - sum(map(len, first.values())) / 2000 < 0.6
 
 
+@pytest.mark.parametrize(
+    ("layout", "gpus", "seed", "want"),
+    [
+        ("mixed", 2000, 5, "447353ca69c2cce3"),
+        ("dgx-h100", 4000, 1, "0a7b997efe118b0c"),
+        ("nvl72", 3000, 2, "83f96662cbded763"),
+    ],
+)
+def test_filled_and_churned_states_are_the_ones_the_generator_built_before(
+    layout: str, gpus: int, seed: int, want: str
+) -> None:
+    """Benchmarks compare commits on these states: a fill and three churns hash as they did
+    at 95556a8, before the sampler and the gang search were sped up."""
+    occupancy = Occupancy(empty_snapshot(build_nodes(layout, gpus)), seed=seed)
+    snaps = [occupancy.fill(0.5)] + [occupancy.churn() for _ in range(3)]
+    text = repr([sorted((n, sorted(s.free)) for n, s in snap.nodes.items()) for snap in snaps])
+    assert hashlib.sha256(text.encode()).hexdigest()[:16] == want
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_a_gang_skips_full_leaves_by_their_counts_and_lands_where_looking_would(seed: int) -> None:
     snapshot = empty_snapshot(build_nodes("dgx-h100", 2000))
@@ -71,12 +91,7 @@ def test_a_gang_skips_full_leaves_by_their_counts_and_lands_where_looking_would(
     free = {n: set(range(rng.choice((0, 0, 0, 1, 2, 8)))) for n in sorted(snapshot.nodes)}
     counted = Occupancy(snapshot, seed=seed)
     looking = Occupancy(snapshot, seed=seed)
-    counted._rooms = [len(free[n]) for n in sorted(free)]
-    counted._counts = {leaf: [0] * 9 for leaf in counted._leaves}
-    counted._all_counts = [0] * 9
-    for i, room in enumerate(counted._rooms):
-        counted._counts[counted._leaf_of[i]][room] += 1
-        counted._all_counts[room] += 1
+    counted._count_rooms(free)
     for pods, per in ((2, 8), (4, 2), (16, 8), (3, 1), (200, 8), (40, 2)):
         assert counted._gang_nodes(free, pods, per) == looking._gang_nodes(free, pods, per)
         assert counted.rng.getstate() == looking.rng.getstate()

@@ -406,7 +406,7 @@ def _pcie_servers(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
     each decision pays the whole intra-node search, as the first request on a new free mask
     does."""
     from gputopo.cluster import ClusterSnapshot, NodeState
-    from gputopo.placement import POLICIES, gang, intranode, links, place
+    from gputopo.placement import POLICIES, clear_caches, place
     from gputopo.request import request_from_mapping
     from gputopo.sim.pcieserver import pcie_server
 
@@ -431,9 +431,7 @@ def _pcie_servers(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
                     }
                 )
                 for name in POLICIES:
-                    intranode.clear_caches()
-                    gang.clear_caches()
-                    links.best_ring_of_matrix.cache_clear()
+                    clear_caches()
                     result, seconds = place(snap, request, policy=name)
                     cell = cells[name]
                     cell.ms.append(seconds * 1e3)
