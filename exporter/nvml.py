@@ -25,11 +25,12 @@ Rules the calls follow, and why:
    Enums come back as ints and map to `RemoteType`/`P2pStatus` with UNKNOWN for values a newer
    driver adds. Versioned entry points (`_v2`, `_v3`) are pynvml's choice, not ours.
 6. What cannot change while a GPU keeps its UUID is read once and kept: what the GPU is (PCI
-   address, name, memory, compute capability, NUMA and CPU affinity, the most its PCIe link can
-   train at, how many link indices NVML answers for), the PCIe common ancestor of each pair,
-   and, per link while it stays up, what an active NVLink is and where it goes (version, far
-   end's PCI address and device type). Every pass still reads the UUID, utilisation, the PCIe
-   link as trained now, each link's state and error counters, fabric state and P2P status.
+   address, name, memory, compute capability, NUMA node, the most its PCIe link can train at,
+   how many link indices NVML answers for), the PCIe common ancestor of each pair, and, per
+   link while it stays up, what an active NVLink is and where it goes (version, far end's PCI
+   address and device type). Every pass still reads the UUID, utilisation, CPU affinity (CPUs
+   taken offline leave it, as sysfs.py's `local_cpulist` does), the PCIe link as trained now,
+   each link's state and error counters, fabric state and P2P status.
    Kept facts are dropped when a link is seen down, a GPU is gone or NVML is closed; a read
    that failed is not kept, so its problem is reported again on the next pass. On an 8-GPU
    NVSwitch node that is about 800 NVML round trips per pass instead of about 1,460.
@@ -356,6 +357,7 @@ class Nvml:
             if gpu_uuid and known.complete:
                 self._known[gpu_uuid] = known
         util = get("nvmlDeviceGetUtilizationRates")
+        cpu_mask = get("nvmlDeviceGetCpuAffinity", self._cpu_words)
         return GpuReading(
             index=index,
             uuid=gpu_uuid,
@@ -363,7 +365,7 @@ class Nvml:
             name=known.name,
             memory_mib=known.memory_mib,
             numa_node=known.numa_node,
-            cpu_affinity=known.cpu_affinity,
+            cpu_affinity=format_cpulist(_bits(cpu_mask)) if cpu_mask is not None else "",
             compute_capability=known.compute_capability,
             pcie_generation=get("nvmlDeviceGetCurrPcieLinkGeneration"),
             pcie_width=get("nvmlDeviceGetCurrPcieLinkWidth"),
@@ -383,7 +385,6 @@ class Nvml:
         memory = get("nvmlDeviceGetMemoryInfo", absent=essential)
         capability = get("nvmlDeviceGetCudaComputeCapability")
         numa_mask = get("nvmlDeviceGetMemoryAffinity", 4, _AFFINITY_SCOPE_NODE)
-        cpu_mask = get("nvmlDeviceGetCpuAffinity", self._cpu_words)
         numa_nodes = _bits(numa_mask) if numa_mask is not None else []
         name = get("nvmlDeviceGetName", absent=essential) or ""
         max_generation = get("nvmlDeviceGetMaxPcieLinkGeneration")
@@ -393,7 +394,6 @@ class Nvml:
             name=name,
             memory_mib=int(memory.total) // _MIB if memory is not None else None,
             numa_node=numa_nodes[0] if numa_nodes else None,
-            cpu_affinity=format_cpulist(_bits(cpu_mask)) if cpu_mask is not None else "",
             compute_capability=f"{capability[0]}.{capability[1]}" if capability else "",
             pcie_max_generation=max_generation,
             pcie_max_width=max_width,
@@ -544,7 +544,6 @@ class _Identity:
     name: str
     memory_mib: int | None
     numa_node: int | None
-    cpu_affinity: str
     compute_capability: str
     pcie_max_generation: int | None
     pcie_max_width: int | None
