@@ -19,8 +19,9 @@ and 700 tests stayed green. Here the fake stands where `libnvidia-ml.so.1` stand
    and outputs are written into the caller's memory with the C layout, as the library does.
 3. The hardware comes from a `FakeMachine` (built from recordings). Tests change it through plain
    attributes: `nvlink_down`, `error_counts`, `pcie_current`, `utilization`, `processes`, `p2p`,
-   `fabric`, and `failing` to make one call return an NVML error for one GPU or all (keyed by
-   pynvml's function name without its `_vN` suffix). `driver=False` is a node where the loader
+   `fabric`, `failing` to make one call return an NVML error for one GPU or all (keyed by
+   pynvml's function name without its `_vN` suffix), and `link_failing` for every call on one
+   link. `driver=False` is a node where the loader
    cannot find libnvidia-ml at all. `calls` counts calls by the same names.
 """
 
@@ -477,6 +478,9 @@ class FakeLibNvml:
             return index, _CODES["NOT_SUPPORTED"], None
         if not 0 <= at < len(links):
             return index, _CODES["INVALID_ARGUMENT"], None
+        failure = self._fake.link_failing.get((index, at))
+        if failure is not None:
+            return index, _CODES[failure], None
         return index, _SUCCESS, links[at]
 
     def _c_nvmlDeviceGetNvLinkState(self, handle: object, link: object, active: object) -> int:
@@ -605,6 +609,9 @@ class FakeNvml:
         }
         # (call name, gpu index or None for every GPU) -> NVML error name, e.g. "NOT_SUPPORTED".
         self.failing: dict[tuple[str, int | None], str] = {}
+        # (gpu, link) -> the NVML error every call on that link returns (a link index the part
+        # does not expose, inside its range of links).
+        self.link_failing: dict[tuple[int, int], str] = {}
         self.calls: Counter[str] = Counter()
         self.initialised = 0
         self.clib = FakeLibNvml(self)

@@ -25,14 +25,15 @@ Rules the calls follow, and why:
    Enums come back as ints and map to `RemoteType`/`P2pStatus` with UNKNOWN for values a newer
    driver adds. Versioned entry points (`_v2`, `_v3`) are pynvml's choice, not ours.
 6. What cannot change while a GPU keeps its UUID is read once and kept: what the GPU is (PCI
-   address, name, memory, compute capability, NUMA and CPU affinity, the most its PCIe link can
-   train at), the PCIe common ancestor of each pair, and, per link while it stays up, what an
-   active NVLink is and where it goes (version, far end's PCI address and device type). Every
-   pass still reads the UUID, utilisation, the PCIe link as trained now, each link's state and
-   error counters, fabric state and P2P status. Kept facts are dropped when a link is seen down,
-   a GPU is gone or NVML is closed; a read that failed is not kept, so its problem is reported
-   again on the next pass. On an 8-GPU NVSwitch node that is about 800 NVML round trips per
-   pass instead of about 1,460.
+   address, name, memory, compute capability, NUMA node, the most its PCIe link can train at,
+   how many link indices NVML answers for), the PCIe common ancestor of each pair, and, per
+   link while it stays up, what an active NVLink is and where it goes (version, far end's PCI
+   address and device type). Every pass still reads the UUID, utilisation, CPU affinity (CPUs
+   taken offline leave it, as sysfs.py's `local_cpulist` does), the PCIe link as trained now,
+   each link's state and error counters, fabric state and P2P status.
+   Kept facts are dropped when a link is seen down, a GPU is gone or NVML is closed; a read
+   that failed is not kept, so its problem is reported again on the next pass. On an 8-GPU
+   NVSwitch node that is about 800 NVML round trips per pass instead of about 1,460.
 """
 
 from __future__ import annotations
@@ -196,6 +197,7 @@ class Nvml:
         self._known: dict[str, _Identity] = {}
         self._wiring: dict[tuple[str, int], _Wiring] = {}
         self._ancestors: dict[tuple[str, str], int] = {}
+        self._link_counts: dict[str, int] = {}  # link indices NVML answers for, per GPU
 
     @property
     def status(self) -> NvmlStatus:
@@ -283,6 +285,8 @@ class Nvml:
         """Drop what rule 6 keeps about GPUs not in `present` (gone, or no longer answering)."""
         for uuid_ in [u for u in self._known if u not in present]:
             del self._known[uuid_]
+        for uuid_ in [u for u in self._link_counts if u not in present]:
+            del self._link_counts[uuid_]
         for link in [k for k in self._wiring if k[0] not in present]:
             del self._wiring[link]
         for pair in [p for p in self._ancestors if not (p[0] in present and p[1] in present)]:
@@ -353,6 +357,7 @@ class Nvml:
             if gpu_uuid and known.complete:
                 self._known[gpu_uuid] = known
         util = get("nvmlDeviceGetUtilizationRates")
+        cpu_mask = get("nvmlDeviceGetCpuAffinity", self._cpu_words)
         return GpuReading(
             index=index,
             uuid=gpu_uuid,
@@ -360,7 +365,7 @@ class Nvml:
             name=known.name,
             memory_mib=known.memory_mib,
             numa_node=known.numa_node,
-            cpu_affinity=known.cpu_affinity,
+            cpu_affinity=format_cpulist(_bits(cpu_mask)) if cpu_mask is not None else "",
             compute_capability=known.compute_capability,
             pcie_generation=get("nvmlDeviceGetCurrPcieLinkGeneration"),
             pcie_width=get("nvmlDeviceGetCurrPcieLinkWidth"),
@@ -380,7 +385,6 @@ class Nvml:
         memory = get("nvmlDeviceGetMemoryInfo", absent=essential)
         capability = get("nvmlDeviceGetCudaComputeCapability")
         numa_mask = get("nvmlDeviceGetMemoryAffinity", 4, _AFFINITY_SCOPE_NODE)
-        cpu_mask = get("nvmlDeviceGetCpuAffinity", self._cpu_words)
         numa_nodes = _bits(numa_mask) if numa_mask is not None else []
         name = get("nvmlDeviceGetName", absent=essential) or ""
         max_generation = get("nvmlDeviceGetMaxPcieLinkGeneration")
@@ -390,7 +394,6 @@ class Nvml:
             name=name,
             memory_mib=int(memory.total) // _MIB if memory is not None else None,
             numa_node=numa_nodes[0] if numa_nodes else None,
-            cpu_affinity=format_cpulist(_bits(cpu_mask)) if cpu_mask is not None else "",
             compute_capability=f"{capability[0]}.{capability[1]}" if capability else "",
             pcie_max_generation=max_generation,
             pcie_max_width=max_width,
@@ -400,26 +403,28 @@ class Nvml:
     def _nvlinks(
         self, me: str, handle: Any, gpu_uuid: str, calls: _Calls
     ) -> tuple[NvLinkReading, ...]:
+        # pynvml's NVML_NVLINK_MAX_LINKS (36) bounds every GPU; an index past this GPU's links
+        # answers INVALID_ARGUMENT (an H100 has 18), and a GPU without NVLink NOT_SUPPORTED for
+        # every index. Nothing promises a GPU's links are numbered without gaps (a part with a
+        # link fused off), so no answer ends the scan: the first pass asks every index and keeps
+        # one past the highest that answered (rule 6); later passes ask only those.
         lib = self._lib
         found = []
-        for link in range(NVLINK_MAX_LINKS):
+        kept = self._link_counts.get(gpu_uuid) if gpu_uuid else None
+        answered, failed = 0, False
+        for link in range(NVLINK_MAX_LINKS if kept is None else kept):
             where = f"{me} NVLink {link}"
-            # A GPU without NVLink says NOT_SUPPORTED for link 0 and every other, so stop asking.
-            # Links are numbered from 0 without gaps: the first index past the GPU's last link is
-            # INVALID_ARGUMENT and so is every later one (pynvml's NVML_NVLINK_MAX_LINKS is 36,
-            # an H100 has 18), so stop there too.
             try:
                 state = lib.nvmlDeviceGetNvLinkState(handle, link)
             except self._lib.NVMLError as error:
-                if _code(error) == _NOT_SUPPORTED and link == 0:
-                    break
-                if _code(error) == _INVALID_ARGUMENT:
-                    break
-                if _code(error) != _NOT_SUPPORTED:
+                if _code(error) not in (_NOT_SUPPORTED, _INVALID_ARGUMENT):
+                    failed = True
+                    answered = link + 1  # a link is there, it could not say how it is
                     calls.errors += 1
                     calls.problems.append(f"{where} nvmlDeviceGetNvLinkState: {error}")
                 self._wiring.pop((gpu_uuid, link), None)
                 continue
+            answered = link + 1
             active = state == pynvml.NVML_FEATURE_ENABLED
             key = (gpu_uuid, link)
             wiring = self._wiring.get(key) if active and gpu_uuid else None
@@ -452,6 +457,8 @@ class Nvml:
                     errors=errors,
                 )
             )
+        if kept is None and gpu_uuid and not failed:
+            self._link_counts[gpu_uuid] = answered
         return tuple(found)
 
     def _read_wiring(
@@ -537,7 +544,6 @@ class _Identity:
     name: str
     memory_mib: int | None
     numa_node: int | None
-    cpu_affinity: str
     compute_capability: str
     pcie_max_generation: int | None
     pcie_max_width: int | None

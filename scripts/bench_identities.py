@@ -69,7 +69,7 @@ def node_name(i: int) -> str:
     return f"big-{i:04}"
 
 
-# --- certificates and the report, made once and kept ---------------------------------------
+# --- certificates, made once and kept, and the report ---------------------------------------
 
 
 def ensure_certs(directory: Path, identities: int) -> None:
@@ -120,12 +120,17 @@ def tls_of(directory: Path, name: str) -> TlsFiles:
     return TlsFiles(cert=leaf / "tls.crt", key=leaf / "tls.key", ca=leaf / "ca.crt")
 
 
-def ensure_report(directory: Path, shape: str = "largest") -> bytes:
-    """A report's topology (serialized NodeTopology), made once: the largest accepted one, or
-    a machine profile's (`dgx-h100`: what the identity itself costs beside a small node)."""
-    path = directory / f"{shape}-report.bin"
-    if path.exists():
-        return path.read_bytes()
+def report_path(directory: Path, shape: str) -> Path:
+    return directory / f"{shape}-report.bin"
+
+
+def make_report(directory: Path, shape: str = "largest") -> bytes:
+    """A report's topology (serialized NodeTopology), made afresh each run and left in
+    `directory` for the workers: the largest accepted one, or a machine profile's (`dgx-h100`:
+    what the identity itself costs beside a small node). Not kept from an earlier run: it takes
+    a quarter of a second, and a kept one would go on measuring a shape the code no longer
+    makes."""
+    path = report_path(directory, shape)
     if shape != "largest":
         small = topology_to_proto(FakeMachine.from_profile(shape, node_name=shape).topology)
         _write(path, small.SerializeToString())
@@ -144,7 +149,7 @@ async def run_worker(
 ) -> None:
     """Report as each node, at most `rate` new nodes a second; one line per node on stdout,
     then hold every stream open with heartbeats until terminated."""
-    base = tpb.NodeTopology.FromString(ensure_report(certs, shape))
+    base = tpb.NodeTopology.FromString(report_path(certs, shape).read_bytes())
     held: list[asyncio.Task[None]] = []
     started = time.monotonic()
     for n, name in enumerate(names):
@@ -261,7 +266,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
     certs: Path = args.certs
     began = time.monotonic()
     ensure_certs(certs, args.identities)
-    report_bytes = len(ensure_report(certs, args.report))
+    report_bytes = len(make_report(certs, args.report))
     prepared_s = time.monotonic() - began
     grpc_port, health_port = free_port(), free_port()
     target = f"127.0.0.1:{grpc_port}"
@@ -370,7 +375,7 @@ def main() -> int:
         "--certs",
         type=Path,
         default=Path(tempfile.gettempdir()) / "gputopo-bench-identities",
-        help="where certificates and the report are made once and reused",
+        help="where certificates are made once and reused, and the report written",
     )
     parser.add_argument(
         "--report",

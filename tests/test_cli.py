@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 import re
 import shlex
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from google.protobuf import json_format
 
+from gputopo.app import commands
 from gputopo.app.cli import main
 from gputopo.codec import topology_from_proto
 from gputopo.machines import PROFILES, load_profile
@@ -24,6 +29,25 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for command in ("aggregator", "demo", "machines"):
         assert command in out
+
+
+def test_help_lists_every_command_with_its_help_though_commands_load_lazily(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`main` loads only the command it runs (cli.py says why); help still loads them all."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())  # help wraps its lines
+    names = [m.name for m in pkgutil.iter_modules(commands.__path__)]
+    for name in names:
+        module = importlib.import_module(f"{commands.__name__}.{name}")
+        assert f"{name.replace('_', '-')} {' '.join(module.HELP.split())}" in out
+    code = (
+        "import sys; from gputopo.app.cli import _parser; _parser('machines'); "
+        "print(sorted(m for m in sys.modules if m.startswith('gputopo.app.commands.')))"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert ran.stdout.strip() == "['gputopo.app.commands.machines']"
 
 
 def test_machines_lists_every_profile(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,6 @@
 """scripts/bench_identities.py end to end at a tiny size: the aggregator in its own process over
 mutual TLS, one certificate per node, clients in other processes; certificates made once and
-reused by the next run (the lead runs it at 1,000 identities)."""
+reused by the next run, the report made anew (the lead runs it at 1,000 identities)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ def test_every_identity_is_accepted_and_certificates_are_reused(tmp_path: Path) 
     ca = (tmp_path / "ca.crt").read_bytes()
     node = (tmp_path / "big-0000" / "tls.crt").read_bytes()
 
+    (tmp_path / "dgx-h100-report.bin").write_bytes(b"left by an older run")  # made afresh
     second = _bench(tmp_path, "--identities", "3", "--report", "dgx-h100")
     assert second["answers"] == {"STATUS_ACCEPTED": 3}
     assert (tmp_path / "ca.crt").read_bytes() == ca

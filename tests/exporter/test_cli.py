@@ -257,3 +257,35 @@ def test_a_simulated_exporter_does_not_log_a_driver_that_reads_as_real() -> None
     text = "".join(log)
     assert "NVML simulated: fake machine dgx-h100 (no GPU, driver or CUDA is real)" in text
     assert "driver 550" not in text
+
+
+def test_an_exporter_without_tls_or_device_plugin_loads_no_kubernetes_or_cryptography() -> None:
+    """The RSS the exporter on every node saves (agent.py, deviceplugin.py, tls.py say why):
+    run as deployed without `--device-plugin` and with `--insecure`, the process never imports
+    the kubernetes client (~18 MiB) nor cryptography (~8 MiB); `-X importtime` lists every
+    module it imported."""
+    args = [sys.executable, "-X", "importtime", "-m", "gputopo", "exporter"]
+    args += ["--simulate", "dgx-h100", "--node-name", "sim-0", "--http-host", "127.0.0.1"]
+    args += ["--http-port", "0", "--probe-host", "127.0.0.1", "--probe-port", "0"]
+    args += ["--no-peer-probes", "--insecure"]
+    env = {k: v for k, v in os.environ.items() if k != "GPUTOPO_AGGREGATOR"}
+    imported: set[str] = set()
+    serving = False
+    with subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env) as process:
+        try:
+            assert process.stderr is not None
+            for line in process.stderr:
+                if line.startswith("import time:"):
+                    imported.add(line.rsplit("|", 1)[-1].strip())
+                elif serving := "metrics on" in line:  # started up
+                    break
+            process.send_signal(signal.SIGTERM)
+            process.stderr.read()
+            assert process.wait(timeout=15) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert serving
+    assert "exporter.agent" in imported  # the listing is whole
+    loaded = {"kubernetes", "cryptography", "exporter.deviceplugin"} & imported
+    assert not loaded, f"imported: {sorted(loaded)}"

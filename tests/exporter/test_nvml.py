@@ -213,7 +213,6 @@ _KEPT = (
     "nvmlDeviceGetMemoryInfo",
     "nvmlDeviceGetCudaComputeCapability",
     "nvmlDeviceGetMemoryAffinity",
-    "nvmlDeviceGetCpuAffinity",
     "nvmlDeviceGetMaxPcieLinkGeneration",
     "nvmlDeviceGetMaxPcieLinkWidth",
     "nvmlDeviceGetNvLinkVersion",
@@ -224,6 +223,7 @@ _KEPT = (
 _EVERY_PASS = (
     "nvmlDeviceGetUUID",
     "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetCpuAffinity",
     "nvmlDeviceGetCurrPcieLinkGeneration",
     "nvmlDeviceGetCurrPcieLinkWidth",
     "nvmlDeviceGetNvLinkState",
@@ -245,9 +245,9 @@ def test_a_second_pass_reads_only_what_can_change_and_finds_the_same(
     assert second == first
     assert {name: fake.calls[name] for name in _KEPT} == dict.fromkeys(_KEPT, 0)
     assert all(fake.calls[name] > 0 for name in _EVERY_PASS), fake.calls
-    # 18 links a GPU: 18 states and the first index past the last link, not pynvml's 36.
-    assert fake.calls["nvmlDeviceGetNvLinkState"] == 8 * 19
-    assert sum(fake.calls.values()) < 0.65 * first_calls  # 805 of 1,332 today
+    # 18 links a GPU: the first pass learnt how many, so 18 states and not pynvml's 36.
+    assert fake.calls["nvmlDeviceGetNvLinkState"] == 8 * 18
+    assert sum(fake.calls.values()) < 0.65 * first_calls  # 805 of 1,468 today
 
 
 def test_what_changes_between_passes_is_seen(fake_node: Callable[..., FakeNode]) -> None:
@@ -288,3 +288,21 @@ def test_a_failed_read_is_not_kept_but_reported_again_until_it_answers(
     fake.calls.clear()
     nvml.read()  # closed and opened again: nothing kept from before
     assert fake.calls["nvmlDeviceGetPciInfo"] == 8
+
+
+@pytest.mark.parametrize("answer", ["INVALID_ARGUMENT", "NOT_SUPPORTED"])
+def test_a_link_index_that_does_not_answer_hides_no_link_after_it(
+    fake_node: Callable[..., FakeNode], answer: str
+) -> None:
+    """Nothing promises a GPU's links are numbered without gaps: a link 0 that NVML says
+    nothing about (fused off on a cut-down part) must not end the scan, first pass or later."""
+    fake = fake_node("dgx-h100").nvml
+    fake.link_failing[(0, 0)] = answer
+    fake.set_nvlink_down(1, 0)  # down is an answer: the links after it are read too
+    nvml = Nvml(fake.library)
+    for _ in range(2):
+        reading = nvml.read()
+        assert [lk.link for lk in reading.gpus[0].nvlinks] == list(range(1, 18))
+        assert all(lk.active for lk in reading.gpus[0].nvlinks)
+        assert [lk.active for lk in reading.gpus[1].nvlinks] == [False] + [True] * 17
+        assert not any("NVLink" in p for p in reading.problems)
