@@ -156,6 +156,7 @@ class RoleInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, roles: Roles, holder_of: Callable[[str], str | None]) -> None:
         self.roles = roles
         self._holder_of = holder_of
+        self._read_groups = roles.uses_groups  # once: the table does not change
         self.denied = 0
 
     async def intercept_service(
@@ -175,7 +176,7 @@ class RoleInterceptor(grpc.aio.ServerInterceptor):
 
         async def checked(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             caller = caller_of_rpc(context)
-            groups = groups_of_rpc(context) if self.roles.uses_groups else frozenset()
+            groups = groups_of_rpc(context) if self._read_groups else frozenset()
             holder = None
             rid = getattr(request, "reservation_id", "")
             if METHOD_ROLES[method] is Role.EXPLAIN and isinstance(rid, str) and rid:
