@@ -12,6 +12,7 @@ import pytest
 
 from gputopo.app.cli import main
 from gputopo.runtime.heap import LongLivedHeap
+from tests import looptime
 
 
 class Clock:
@@ -101,3 +102,17 @@ def test_off_is_not_run() -> None:
     assert not heap.enabled
     with pytest.raises(ValueError, match="off"):
         asyncio.run(heap.run())
+
+
+def test_run_steps_once_per_interval() -> None:
+    """The root task's timer, on loop time (no real waiting): three steps in 95 s at 30 s."""
+    heap = LongLivedHeap(freeze_every_s=30.0, full_every_s=3600.0)
+
+    async def scenario() -> int:
+        task = asyncio.create_task(heap.run())
+        await asyncio.sleep(95.0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return heap.stats().freezes
+
+    assert looptime.run(scenario()) == 3
