@@ -78,10 +78,15 @@ def _error(code: str, message: str) -> web.Response:
     return web.json_response({"error": message, "code": code}, status=_HTTP_STATUS.get(code, 500))
 
 
+def _peercert(request: web.Request) -> dict[str, Any] | None:
+    """The verified client certificate's fields (None over plain text)."""
+    transport = request.transport
+    return transport.get_extra_info("peercert") if transport else None
+
+
 def _caller(request: web.Request) -> str:
     """Who the client certificate says the caller is ("" over plain text)."""
-    transport = request.transport
-    return caller_of_http(transport.get_extra_info("peercert") if transport else None)
+    return caller_of_http(_peercert(request))
 
 
 def _mirror(
@@ -113,9 +118,8 @@ def _mirror(
             msg = json_format.ParseDict(body, message_type())
         except json_format.ParseError as err:
             return _error("INVALID_ARGUMENT", f"body: {err}")
-        caller = _caller(request)
-        transport = request.transport
-        groups = groups_of_http(transport.get_extra_info("peercert") if transport else None)
+        peercert = _peercert(request)
+        caller, groups = caller_of_http(peercert), groups_of_http(peercert)
         if (why := gate(msg, caller, groups)) is not None:  # the method's role (aggregator.roles)
             return _error("PERMISSION_DENIED", why)
         try:

@@ -147,7 +147,8 @@ class Roles:
 
 
 class RoleInterceptor(grpc.aio.ServerInterceptor):
-    """Answers PERMISSION_DENIED to a unary call its caller's role does not allow.
+    """Answers PERMISSION_DENIED to a unary call or a server stream (WatchTopology) its
+    caller's role does not allow.
 
     `holder_of(reservation_id)` names a reservation's holder (None when unknown), for Explain.
     Report, a stream, is every caller's: the node identity check decides what it may report.
@@ -156,6 +157,7 @@ class RoleInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, roles: Roles, holder_of: Callable[[str], str | None]) -> None:
         self.roles = roles
         self._holder_of = holder_of
+        self._read_groups = roles.uses_groups  # once: the table does not change
         self.denied = 0
 
     async def intercept_service(
@@ -167,15 +169,14 @@ class RoleInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         method = str(handler_call_details.method)
-        if handler is None or handler.unary_unary is None or not self.roles.enforced:
+        if handler is None or not self.roles.enforced:
             return handler
         if METHOD_ROLES.get(method) in (None, Role.REPORT):
             return handler
-        inner: Any = handler.unary_unary  # async on an aio server; the stubs say sync
 
-        async def checked(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        async def check(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             caller = caller_of_rpc(context)
-            groups = groups_of_rpc(context) if self.roles.uses_groups else frozenset()
+            groups = groups_of_rpc(context) if self._read_groups else frozenset()
             holder = None
             rid = getattr(request, "reservation_id", "")
             if METHOD_ROLES[method] is Role.EXPLAIN and isinstance(rid, str) and rid:
@@ -185,6 +186,24 @@ class RoleInterceptor(grpc.aio.ServerInterceptor):
                 self.denied += 1
                 log.warning("%s refused to %s: %s", method, caller or "?", why)
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{method}: {why}")
+
+        if handler.unary_stream is not None:  # WatchTopology: checked before its first event
+            stream: Any = handler.unary_stream
+
+            async def watched(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                await check(request, context)
+                async for item in stream(request, context):
+                    yield item
+
+            return grpc.unary_stream_rpc_method_handler(
+                watched, handler.request_deserializer, handler.response_serializer
+            )
+        if handler.unary_unary is None:
+            return handler
+        inner: Any = handler.unary_unary  # async on an aio server; the stubs say sync
+
+        async def checked(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            await check(request, context)
             result = inner(request, context)
             return await result if inspect.isawaitable(result) else result
 

@@ -307,6 +307,9 @@ class Binder:
         self._capacity = 0
         self._tried: dict[GroupKey, int] = {}
         self._idle = asyncio.Event()
+        # A pass between taking its groups from `_dirty` and starting their work: a group's
+        # work that ends meanwhile must not call the binder idle with those groups untouched.
+        self._passing = False
 
     async def idle(self) -> None:
         """Return once the binder has acted on everything it can: no group in flight, every
@@ -323,7 +326,8 @@ class Binder:
 
     def _check_idle(self) -> None:
         if (
-            not self._inflight
+            not self._passing
+            and not self._inflight
             and not self._dirty
             and not self._skipped
             and all(self._tried.get(k) == self._capacity for k in self._pending)
@@ -393,6 +397,14 @@ class Binder:
         """Start work on every group that needs some (carry a recorded placement forward, grow
         a bound gang, place a gang that reached its minimum), write the status of the settled
         ones, release what no pod holds any more. One group's failure is that group's alone."""
+        self._passing = True
+        try:
+            await self._pass()
+        finally:
+            self._passing = False
+        self._check_idle()
+
+    async def _pass(self) -> None:
         groups, stale = self._groups()
         now = time.monotonic()
         full = now >= self._full_at
@@ -421,7 +433,6 @@ class Binder:
         self._pending &= set(groups)
         self.stats.groups_pending = len(self._pending)
         await self._release_finished()
-        self._check_idle()
         tables = (self._began, self._specs, self._spec_at, self._status, self._started, self._told)
         for table in (*tables, self._retry_at, self._tried):
             for key in [k for k in table if k not in groups and k not in self._inflight]:

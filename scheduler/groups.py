@@ -36,6 +36,9 @@ from typing import Any
 import yaml
 
 from gputopo.placement.result import PlacementResult, PodPlacement
+
+# The pod vocabulary (labels, the record the binder writes with each Binding and reads back) is
+# the one every process speaks.
 from gputopo.pods import (
     GPUS_ANNOTATION,
     GROUP_LABEL,
@@ -88,9 +91,6 @@ __all__ = [
 ]
 
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
-# The pod vocabulary (labels, the record the binder writes with each Binding and reads back) is
-# the one every process speaks, imported from `gputopo.pods` above.
-#
 # A gang's placement asks for whole GPUs: a pod's `nvidia.com/gpu` (and MIG slices, one GPU
 # each, as `gputopo.pods` counts them).
 GPU_RESOURCES = ("nvidia.com/gpu",)

@@ -25,9 +25,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["HeapStats", "LongLivedHeap"]
+__all__ = ["HeapStats", "LongLivedHeap", "heap_problem"]
 
 log = logging.getLogger(__name__)
+
+
+def heap_problem(freeze_every_s: float, full_every_s: float) -> str | None:
+    """What is wrong with the two intervals (one line naming the flags), or None.
+    `gputopo aggregator` prints it; `LongLivedHeap` refuses to start with it."""
+    if not (freeze_every_s >= 0 and full_every_s > 0):  # NaN too
+        return (
+            "--heap-freeze must be >= 0 and --heap-full-collection > 0"
+            f" (not {freeze_every_s:g} and {full_every_s:g})"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -52,11 +63,8 @@ class LongLivedHeap:
         full_every_s: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if freeze_every_s < 0 or full_every_s <= 0:
-            raise ValueError(
-                f"freeze_every_s must be >= 0 and full_every_s > 0, not {freeze_every_s},"
-                f" {full_every_s}"
-            )
+        if (problem := heap_problem(freeze_every_s, full_every_s)) is not None:
+            raise ValueError(problem)
         self.freeze_every_s = freeze_every_s
         self.full_every_s = full_every_s
         self._clock = clock

@@ -24,6 +24,8 @@ from gputopo.request import request_from_mapping
 from gputopo.runtime import grpcio
 from gputopo.runtime.placement_client import PlacementCallError, PlacementClient
 from gputopo.runtime.tls import TlsFiles, ssl_client_context
+from gputopo.v1 import placement_pb2 as ppb
+from gputopo.v1 import placement_pb2_grpc as pgrpc
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 from tests.builders import fabric_cluster, nvswitch_node
@@ -238,3 +240,22 @@ def test_a_placement_client_named_by_group_places_over_grpc_and_https(tmp_path: 
                 assert resp.status == want, (tls.cert, await resp.text())
 
     serve(tmp_path, body, placement_clients=("group:ml-platform",))
+
+
+def test_a_node_agent_may_not_watch_the_topology_either(tmp_path: Path) -> None:
+    """WatchTopology, a server stream, is read like GetTopology: not by a node agent's
+    certificate, and by any other."""
+
+    async def body(agg: Aggregator, certs: Certs) -> None:
+        async with channel(agg, certs.exporter) as e, channel(agg, certs.bob) as b:
+            refused = pgrpc.PlacementStub(e).WatchTopology(ppb.WatchTopologyRequest())
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await refused.read()
+            assert err.value.code() is grpc.StatusCode.PERMISSION_DENIED
+            assert "may Report only" in str(err.value.details())
+            watch = pgrpc.PlacementStub(b).WatchTopology(ppb.WatchTopologyRequest())
+            first = await watch.read()
+            assert first.type == ppb.TopologyEvent.TYPE_NODE_UPDATED
+            watch.cancel()
+
+    serve(tmp_path, body)

@@ -14,18 +14,16 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from aggregator.server import KubeOptions
 from gputopo.runtime.http import HttpServer
-from gputopo.runtime.kube import KubeClient
 from scheduler.binder import BinderConfig
 from scheduler.metrics import SchedulerCollector
-from tests.aggregator.kubeutil import aggregator, eventually, exporters
+from tests.aggregator.kubeutil import eventually
 from tests.builders import fabric_cluster
 from tests.dashboards.test_dashboards_prometheus import panel_queries
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
 from tests.harness.prometheus import Prometheus
-from tests.scheduler.kubeutil import binder, create, gpu_pod, pods_of, ready_nodes
+from tests.scheduler.kubeutil import binder_stack, create, gpu_pod, pods_of
 
 pytestmark = [pytest.mark.kube, pytest.mark.prometheus, pytest.mark.slow]
 
@@ -42,48 +40,39 @@ def test_every_binder_panel_returns_data(
     results: dict[str, object] = {}
 
     async def body() -> None:
-        await ready_nodes(kube_apiserver, [n.name for n in nodes])
-        kube = KubeClient(kube_apiserver.api_client())
-        try:
-            async with (
-                aggregator(kube_apiserver, options=KubeOptions(publish_labels=False)) as agg,
-                exporters(agg, nodes),
-                binder(kube, agg, config) as running,
-            ):
-                registry = CollectorRegistry()
-                registry.register(SchedulerCollector(running.stats))
-                http = HttpServer(registry=registry)
-                await http.start("127.0.0.1", 0)
+        async with binder_stack(kube_apiserver, nodes, config) as (kube, _agg, running):
+            registry = CollectorRegistry()
+            registry.register(SchedulerCollector(running.stats))
+            http = HttpServer(registry=registry)
+            await http.start("127.0.0.1", 0)
+            try:
+                for i in range(2):
+                    pod = gpu_pod(ns, f"p-{i}", 8, scheduler=name)
+                    await create(kube, f"/api/v1/namespaces/{ns}/pods", pod)
+
+                async def bound() -> bool:
+                    pods = await pods_of(kube, ns)
+                    return sum(1 for p in pods if p["spec"].get("nodeName")) == 2
+
+                await eventually(bound, timeout_s=60, what="both pods bound")
+                prom = await asyncio.to_thread(
+                    Prometheus.start,
+                    workdir=tmp_path / "prometheus",
+                    targets=[f"127.0.0.1:{http.port}"],
+                    job="gputopo-scheduler",
+                )
                 try:
-                    for i in range(2):
-                        pod = gpu_pod(ns, f"p-{i}", 8, scheduler=name)
-                        await create(kube, f"/api/v1/namespaces/{ns}/pods", pod)
-
-                    async def bound() -> bool:
-                        pods = await pods_of(kube, ns)
-                        return sum(1 for p in pods if p["spec"].get("nodeName")) == 2
-
-                    await eventually(bound, timeout_s=60, what="both pods bound")
-                    prom = await asyncio.to_thread(
-                        Prometheus.start,
-                        workdir=tmp_path / "prometheus",
-                        targets=[f"127.0.0.1:{http.port}"],
-                        job="gputopo-scheduler",
+                    await asyncio.to_thread(
+                        prom.wait_for, "gputopo_scheduler_decisions_total", timeout_s=60
                     )
-                    try:
-                        await asyncio.to_thread(
-                            prom.wait_for, "gputopo_scheduler_decisions_total", timeout_s=60
-                        )
-                        await asyncio.sleep(4)
-                        for title, expr in panel_queries("gputopo-binder.json"):
-                            fill = expr.replace("$__rate_interval", "15s")
-                            results[f"{title}: {expr}"] = prom.query(fill)
-                    finally:
-                        prom.stop()
+                    await asyncio.sleep(4)
+                    for title, expr in panel_queries("gputopo-binder.json"):
+                        fill = expr.replace("$__rate_interval", "15s")
+                        results[f"{title}: {expr}"] = prom.query(fill)
                 finally:
-                    await http.stop()
-        finally:
-            kube.close()
+                    prom.stop()
+            finally:
+                await http.stop()
 
     asyncio.run(asyncio.wait_for(body(), timeout=240))
     empty = [key for key, rows in results.items() if not rows]

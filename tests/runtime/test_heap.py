@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import weakref
 from collections.abc import Iterator
 
 import pytest
 
+from gputopo.app.cli import main
 from gputopo.runtime.heap import LongLivedHeap
+from tests import looptime
 
 
 class Clock:
@@ -74,10 +77,24 @@ def test_acyclic_objects_frozen_are_still_freed_when_dropped() -> None:
     assert watch() is None
 
 
-@pytest.mark.parametrize(("freeze", "full"), [(-1.0, 10.0), (1.0, 0.0), (1.0, -5.0)])
+NONSENSE = [(-1.0, 10.0), (1.0, 0.0), (1.0, -5.0), (math.nan, 10.0), (1.0, math.nan)]
+
+
+@pytest.mark.parametrize(("freeze", "full"), NONSENSE)
 def test_nonsense_intervals_are_refused(freeze: float, full: float) -> None:
-    with pytest.raises(ValueError, match="freeze_every_s must be >= 0"):
+    with pytest.raises(ValueError, match="--heap-freeze must be >= 0"):
         LongLivedHeap(freeze_every_s=freeze, full_every_s=full)
+
+
+@pytest.mark.parametrize(("freeze", "full"), NONSENSE)
+def test_the_command_refuses_them_with_the_same_words(
+    freeze: float, full: float, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = ["--heap-freeze", str(freeze), "--heap-full-collection", str(full)]
+    assert main(["aggregator", "--insecure", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--heap-freeze must be >= 0 and --heap-full-collection > 0" in err
 
 
 def test_off_is_not_run() -> None:
@@ -85,3 +102,17 @@ def test_off_is_not_run() -> None:
     assert not heap.enabled
     with pytest.raises(ValueError, match="off"):
         asyncio.run(heap.run())
+
+
+def test_run_steps_once_per_interval() -> None:
+    """The root task's timer, on loop time (no real waiting): three steps in 95 s at 30 s."""
+    heap = LongLivedHeap(freeze_every_s=30.0, full_every_s=3600.0)
+
+    async def scenario() -> int:
+        task = asyncio.create_task(heap.run())
+        await asyncio.sleep(95.0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return heap.stats().freezes
+
+    assert looptime.run(scenario()) == 3

@@ -27,14 +27,16 @@ pytestmark = pytest.mark.kube
 
 
 async def _until(check: Callable[[], bool], *, within_s: float) -> float:
-    """Loop seconds until `check` holds (polled every 0.1 s of loop time)."""
+    """Loop seconds until `check` holds (polled every 0.1 s of loop time), to the microsecond:
+    loop time is a sum of float jumps, and a handover at the bound, 1.1 s, read as
+    1.1000000000000014 failed `took <= retry + 0.1`."""
     loop = asyncio.get_running_loop()
     began = loop.time()
     while not check():
         if loop.time() - began > within_s:
             raise AssertionError(f"not within {within_s} s of loop time")
         await asyncio.sleep(0.1)
-    return loop.time() - began
+    return round(loop.time() - began, 6)
 
 
 SHIPPED = (LEASE_DURATION_S, RENEW_DEADLINE_S, RETRY_PERIOD_S)  # `gputopo aggregator`'s flags

@@ -144,15 +144,15 @@ async def binder(
 
 
 @contextlib.asynccontextmanager
-async def binder_cluster(
+async def binder_stack(
     kube_apiserver: KubeApiServer,
     nodes: Iterable[NodeTopology],
     config: BinderConfig,
     *,
     options: KubeOptions | None = None,
-) -> AsyncIterator[tuple[KubeClient, Aggregator]]:
+) -> AsyncIterator[tuple[KubeClient, Aggregator, Binder]]:
     """Node objects for `nodes`, an aggregator with their simulated exporters, and a binder
-    with `config`, all on the real API server; yields a client and the aggregator."""
+    with `config`, all on the real API server; yields a client, the aggregator and the binder."""
     nodes = list(nodes)
     await ready_nodes(kube_apiserver, [n.name for n in nodes])
     kube = KubeClient(kube_apiserver.api_client())
@@ -160,8 +160,21 @@ async def binder_cluster(
         async with (
             aggregator(kube_apiserver, options=options or KubeOptions(publish_labels=False)) as agg,
             exporters(agg, nodes),
-            binder(kube, agg, config),
+            binder(kube, agg, config) as running,
         ):
-            yield kube, agg
+            yield kube, agg, running
     finally:
         kube.close()
+
+
+@contextlib.asynccontextmanager
+async def binder_cluster(
+    kube_apiserver: KubeApiServer,
+    nodes: Iterable[NodeTopology],
+    config: BinderConfig,
+    *,
+    options: KubeOptions | None = None,
+) -> AsyncIterator[tuple[KubeClient, Aggregator]]:
+    """`binder_stack` for tests that need only a client and the aggregator."""
+    async with binder_stack(kube_apiserver, nodes, config, options=options) as (kube, agg, _):
+        yield kube, agg

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from aggregator.server import Aggregator, KubeOptions
+from aggregator.server import Aggregator
 from gputopo.cluster import ClusterSnapshot, NodeState
 from gputopo.request import Group, Pattern, PlacementRequest
 from gputopo.runtime.kube import KubeClient
@@ -33,19 +33,11 @@ from gputopo.sim.jobtime import JobTimeModel
 from gputopo.sim.replay import ReplayOptions, replay
 from gputopo.sim.traces import JobClass, SimJob
 from scheduler.binder import Binder, BinderConfig
-from tests.aggregator.kubeutil import aggregator, exporters, install_crds, run
+from tests.aggregator.kubeutil import install_crds, run
 from tests.builders import fabric_cluster
 from tests.harness.kube import KubeApiServer
 from tests.harness.kube_scope import KubeScope
-from tests.scheduler.kubeutil import (
-    PODGROUPS,
-    binder,
-    create,
-    gpu_pod,
-    pod_group,
-    pods_of,
-    ready_nodes,
-)
+from tests.scheduler.kubeutil import PODGROUPS, binder_stack, create, gpu_pod, pod_group, pods_of
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
@@ -115,17 +107,8 @@ def test_simulator_and_real_binder_place_and_finish_the_same(
     by_name = {j.name: j for j in jobs}
 
     async def body() -> dict[str, Any]:
-        await ready_nodes(kube_apiserver, [n.name for n in nodes])
-        kube = KubeClient(kube_apiserver.api_client())
-        try:
-            async with (
-                aggregator(kube_apiserver, options=KubeOptions(publish_labels=False)) as agg,
-                exporters(agg, nodes),
-                binder(kube, agg, config) as b,
-            ):
-                return await drive(kube, agg, b)
-        finally:
-            kube.close()
+        async with binder_stack(kube_apiserver, nodes, config) as (kube, agg, b):
+            return await drive(kube, agg, b)
 
     async def drive(kube: KubeClient, agg: Aggregator, b: Binder) -> dict[str, Any]:
         started: dict[str, float] = {}
@@ -171,7 +154,13 @@ def test_simulator_and_real_binder_place_and_finish_the_same(
             everything it can (its own signal, `Binder.idle`)."""
             await _eventually(binder_saw_every_write, "the binder's cache holds every write")
             # 30 s: only a binder that never settles comes near it (it takes under 1 s)
-            await asyncio.wait_for(b.idle(), timeout=30)
+            try:
+                await asyncio.wait_for(b.idle(), timeout=30)
+            except TimeoutError:
+                raise AssertionError(
+                    f"the binder did not go idle within 30 s at replay time {now:g}"
+                    f" ({b.stats.groups_pending} groups waiting)"
+                ) from None
             for job, alloc in (await bound()).items():
                 if job not in started:
                     started[job] = now

@@ -359,11 +359,10 @@ def run(args: argparse.Namespace) -> int:
     if (problem := ttl_limits_problem(args.reservation_ttl, args.max_reservation_ttl)) is not None:
         print(f"gputopo aggregator: {problem}", file=sys.stderr)
         return 2
-    if args.heap_freeze < 0 or args.heap_full_collection <= 0:
-        print(
-            "gputopo aggregator: --heap-freeze must be >= 0 and --heap-full-collection > 0",
-            file=sys.stderr,
-        )
+    from gputopo.runtime.heap import heap_problem
+
+    if (problem := heap_problem(args.heap_freeze, args.heap_full_collection)) is not None:
+        print(f"gputopo aggregator: {problem}", file=sys.stderr)
         return 2
     config = AggregatorConfig(
         heap_freeze_s=args.heap_freeze,
