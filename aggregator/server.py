@@ -153,7 +153,9 @@ class AggregatorConfig:
     operators: tuple[str, ...] = ()
     # Freeze the objects that lived this long out of the garbage collector's walks, and collect
     # everything once per `heap_full_collection_s` (gputopo.runtime.heap); 0: Python's default.
-    heap_freeze_s: float = 30.0
+    # Off here: the process decides its collector (`gputopo aggregator` turns it on; an
+    # aggregator embedded in a test or benchmark process must not freeze that process's heap).
+    heap_freeze_s: float = 0.0
     heap_full_collection_s: float = 3600.0
 
 

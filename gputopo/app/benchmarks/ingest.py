@@ -176,7 +176,10 @@ async def _serve_async(conn: Connection, kind: str) -> None:
     agg: Aggregator | None = None
     server: grpc.aio.Server | None = None
     if kind == "aggregator":
-        agg = Aggregator(AggregatorConfig(heartbeat_interval_s=5.0, stale_after_s=120.0))
+        # The collector as `gputopo aggregator` runs it (its --heap-freeze default).
+        agg = Aggregator(
+            AggregatorConfig(heartbeat_interval_s=5.0, stale_after_s=120.0, heap_freeze_s=30.0)
+        )
         await agg.start()
         port = agg.grpc_port
     else:
