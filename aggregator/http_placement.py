@@ -130,6 +130,31 @@ def _mirror(
     return serve
 
 
+# The HTTP reads of the topology (`aggregator.http`) are GetTopology's role on gRPC.
+_READS = "/api/v1/"
+_READ_METHOD = "/gputopo.v1.Placement/GetTopology"
+
+
+def _read_gate(roles: Roles) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Middleware: a GET under /api/v1/ (topology, nodes, holders, summary) needs the read role,
+    as GetTopology and WatchTopology do over gRPC, so a node agent's certificate that may only
+    Report cannot read the cluster over HTTPS either."""
+
+    @web.middleware
+    async def gate(
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        if request.method == "GET" and request.path.startswith(_READS):
+            peercert = _peercert(request)
+            caller, groups = caller_of_http(peercert), groups_of_http(peercert)
+            if (why := roles.denial(_READ_METHOD, caller, groups=groups)) is not None:
+                return _error("PERMISSION_DENIED", f"GET {request.path}: {why}")
+        return await handler(request)
+
+    return gate
+
+
 class _Extender:
     """kube-scheduler extender verbs: the placement core judges, this translates."""
 
@@ -293,6 +318,8 @@ def add_placement_routes(
     ):
         route = _mirror(handler, kind, gate(base + verb.capitalize()))
         app.router.add_post(f"/api/v1/placement/{verb}", route)
+    if roles is not None:
+        app.middlewares.append(_read_gate(roles))
     extender = _Extender(service, extender_callers)
     app.router.add_post("/scheduler/filter", extender.filter)
     app.router.add_post("/scheduler/prioritize", extender.prioritize)

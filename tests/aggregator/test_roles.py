@@ -259,3 +259,24 @@ def test_a_node_agent_may_not_watch_the_topology_either(tmp_path: Path) -> None:
             watch.cancel()
 
     serve(tmp_path, body)
+
+
+def test_a_node_agent_may_not_read_the_topology_over_https_either(tmp_path: Path) -> None:
+    """The HTTP reads (`/api/v1/topology`, nodes, holders, summary) are GetTopology's role: a
+    node agent's certificate is refused with the reason, any other reads."""
+
+    async def body(agg: Aggregator, certs: Certs) -> None:
+        base = f"https://localhost:{agg.http_port}/api/v1"
+        node = agg.state.node_names[0]
+        for path in ("/topology", f"/nodes/{node}", f"/nodes/{node}/holders", "/summary"):
+            for tls, want in ((certs.exporter, 403), (certs.bob, 200), (certs.ops, 200)):
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.get(base + path, ssl=ssl_client_context(tls)) as resp,
+                ):
+                    text = await resp.text()
+                    assert resp.status == want, (path, tls.cert, text)
+                    if want == 403:
+                        assert "may Report only" in text
+
+    serve(tmp_path, body)
