@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from exporter.readings import (
     GpuReading,
@@ -32,7 +32,7 @@ from exporter.readings import (
 from exporter.sysfs import pci_path_kind
 from gputopo.importers.nvsmi import with_numa_completed
 from gputopo.links import LinkKind, link_kind_from_nvml
-from gputopo.nominal import link_nominal_gbps
+from gputopo.nominal import with_nominal_bandwidth
 from gputopo.topology import (
     FabricState,
     Gpu,
@@ -45,7 +45,7 @@ from gputopo.topology import (
     numa,
 )
 
-__all__ = ["Assembled", "assemble", "with_nominal"]
+__all__ = ["Assembled", "assemble"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +117,9 @@ def assemble(*, node_name: str, nvml: NvmlReading, sysfs: SysfsReading) -> Assem
         partial=partial,
         problems=tuple(problems),
     )
-    return Assembled(topology=with_nominal(with_numa_completed(topology)), pcie_kinds=pcie_kinds)
+    return Assembled(
+        topology=with_nominal_bandwidth(with_numa_completed(topology)), pcie_kinds=pcie_kinds
+    )
 
 
 def _is_switch(link: NvLinkReading, by_bus: dict[str, int]) -> bool | None:
@@ -254,18 +256,3 @@ def _agree(there: int, back: int) -> int:
     """Direct lanes between a pair as both ends count them: the smaller count, or whichever end
     NVML described when the other end could not say."""
     return min(there, back) if there and back else there or back
-
-
-def with_nominal(topology: NodeTopology) -> NodeTopology:
-    """`gputopo.nominal.with_nominal_bandwidth`, copying only the links whose figure changes
-    (the same topology object when none does). Health runs it again after `assemble` did, and
-    on a healthy node nothing changes: the copies of every link were a tenth of a pass."""
-    links = tuple(
-        link
-        if (gbps := link_nominal_gbps(topology, link)) == link.nominal_gbps
-        else replace(link, nominal_gbps=gbps)
-        for link in topology.links
-    )
-    if all(new is old for new, old in zip(links, topology.links, strict=True)):
-        return topology
-    return replace(topology, links=links)

@@ -28,11 +28,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from exporter.assemble import with_nominal
 from exporter.readings import GpuReading, NvmlReading, RemoteType
 from gputopo import bandwidth
 from gputopo.links import LinkHealth, LinkKind
-from gputopo.nominal import gpu_pcie_gbps
+from gputopo.nominal import gpu_pcie_gbps, with_nominal_bandwidth
 from gputopo.topology import (
     DeviceKind,
     DeviceRef,
@@ -158,7 +157,7 @@ def assess(
     unchanged = all(a is b for a, b in zip(gpus, topology.gpus, strict=True)) and all(
         a is b for a, b in zip(links, topology.links, strict=True)
     )
-    judged = with_nominal(
+    judged = with_nominal_bandwidth(
         topology if unchanged else replace(topology, gpus=tuple(gpus), links=tuple(links))
     )
     if not fallback:

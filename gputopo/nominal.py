@@ -69,11 +69,15 @@ def link_nominal_gbps(topology: NodeTopology, link: Link) -> float:
 
 
 def with_nominal_bandwidth(topology: NodeTopology) -> NodeTopology:
-    """The same topology with every link's `nominal_gbps` set from the facts table."""
-    links = tuple(
-        replace(link, nominal_gbps=link_nominal_gbps(topology, link)) for link in topology.links
-    )
-    return replace(topology, links=links)
+    """The same topology with every link's `nominal_gbps` set from the facts table; only the
+    links whose figure changes are copied, and the same object comes back when none does (the
+    exporter's health pass runs this on every pass, where a healthy node changes nothing)."""
+    changed = [
+        replace(link, nominal_gbps=gbps)
+        for link in topology.links
+        if (gbps := link_nominal_gbps(topology, link)) != link.nominal_gbps
+    ]
+    return topology.amended(links=changed) if changed else topology
 
 
 def plausible(topology: NodeTopology) -> NodeTopology:

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter.assemble import with_nominal
 from exporter.fake_machine import FakeMachine
 from exporter.fake_nvml import FakeNvml
 from exporter.health import ErrorCounterWatch, HealthPolicy
 from exporter.nvml import Nvml
 from exporter.readings import FabricReading
 from gputopo.links import LinkHealth, LinkKind
-from gputopo.nominal import with_nominal_bandwidth
+from gputopo.nominal import link_nominal_gbps, with_nominal_bandwidth
 from gputopo.topology import FabricState, NodeTopology, gpu, nic, numa
 from tests.exporter.conftest import FakeNode
 
@@ -231,16 +230,18 @@ def test_a_counter_that_resets_is_a_new_baseline_not_a_climb() -> None:
 
 @pytest.mark.parametrize("profile", ["dgx-h100", "hgx-a100-roce", "workstation-2x-rtx5090"])
 def test_nominal_bandwidth_set_by_copying_only_what_changes_is_the_same(profile: str) -> None:
-    """`with_nominal` is `with_nominal_bandwidth` with fewer copies: the same figures from no
+    """`with_nominal_bandwidth` copies only what changes: the facts table's figures from no
     figures, from its own figures (the same object back), and after a link went down."""
     topology = FakeMachine.from_profile(profile, node_name="n").topology
     bare = replace(topology, links=tuple(replace(lk, nominal_gbps=0.0) for lk in topology.links))
-    set_once = with_nominal(bare)
-    assert set_once == with_nominal_bandwidth(bare)
-    assert with_nominal(set_once) is set_once
+    set_once = with_nominal_bandwidth(bare)
+    assert [lk.nominal_gbps for lk in set_once.links] == [
+        link_nominal_gbps(bare, lk) for lk in bare.links
+    ]
+    assert with_nominal_bandwidth(set_once) is set_once
     down = replace(
         set_once,
         links=(replace(set_once.links[0], health=LinkHealth.DOWN), *set_once.links[1:]),
     )
-    assert with_nominal(down) == with_nominal_bandwidth(down)
-    assert with_nominal(down).links[0].nominal_gbps == 0.0
+    assert with_nominal_bandwidth(down).links[0].nominal_gbps == 0.0
+    assert with_nominal_bandwidth(down).links[1:] == set_once.links[1:]
