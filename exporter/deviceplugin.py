@@ -31,7 +31,6 @@ import contextlib
 import logging
 import os
 import random
-import sys
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from exporter.admission import DeviceIds, best_devices, pending_pods, prefer
 from gputopo.links import LinkHealth
 from gputopo.runtime.backoff import Backoff
 from gputopo.runtime.grpcio import channel, server
+from gputopo.runtime.kube_errors import KubeError
 from gputopo.topology import NodeTopology
 from gputopo.v1 import deviceplugin_pb2 as pb
 from gputopo.v1 import deviceplugin_pb2_grpc as pb_grpc
@@ -403,13 +403,9 @@ def kubelet_allocations(
 
 
 def _pods_unknown(err: Exception) -> bool:
-    """An error that means "the pods cannot be listed now": the API server's (`KubeError`,
-    looked up only if its module is loaded, as it must be for one to exist), the kubelet's or
+    """An error that means "the pods cannot be listed now": the API server's, the kubelet's or
     the network's."""
-    kube = sys.modules.get("gputopo.runtime.kube")
-    if kube is not None and isinstance(err, kube.KubeError):
-        return True
-    return isinstance(err, grpc.aio.AioRpcError | OSError)
+    return isinstance(err, KubeError | grpc.aio.AioRpcError | OSError)
 
 
 def node_pods(kube: KubeClient, node: str) -> PodLister:

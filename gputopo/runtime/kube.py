@@ -29,6 +29,14 @@ from urllib.parse import quote, urlencode
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from gputopo.runtime.kube_errors import (
+    ConflictError,
+    GoneError,
+    KubeError,
+    NotFoundError,
+    ThrottledError,
+)
+
 __all__ = [
     "APPLY_PATCH",
     "FIELD_MANAGER",
@@ -51,32 +59,6 @@ APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply (JSON is valid
 # The field manager gputopo's server-side applies are recorded under (Node labels).
 FIELD_MANAGER = "gputopo"
 _WRITES = frozenset({"POST", "PUT", "PATCH"})
-
-
-class KubeError(Exception):
-    """An API call failed; `status` is the HTTP status (0: no answer)."""
-
-    def __init__(self, status: int, message: str, *, retry_after_s: float = 0.0) -> None:
-        super().__init__(f"{status}: {message}" if status else message)
-        self.status = status
-        self.message = message
-        self.retry_after_s = retry_after_s
-
-
-class ConflictError(KubeError):
-    """409: the object changed since it was read (or already exists)."""
-
-
-class NotFoundError(KubeError):
-    """404."""
-
-
-class GoneError(KubeError):
-    """410: a watch's resource version is too old; list again."""
-
-
-class ThrottledError(KubeError):
-    """429 (or 503 with Retry-After): wait `retry_after_s` and try again."""
 
 
 # Pods a scheduler has bound to a node (the only ones that hold a node's devices).

@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     from exporter.agent import Agent, AgentConfig
     from exporter.nvml import Nvml
     from exporter.probes.runner import ProbeSchedule
+    from gputopo.runtime.kube_errors import KubeError
     from gputopo.runtime.supervisor import RootTaskDiedError
     from gputopo.runtime.tls import TlsUsageError, tls_from_args
 
@@ -208,19 +209,12 @@ def run(args: argparse.Namespace) -> int:
                 finally:
                     print("exporter: shutting down", file=sys.stderr, flush=True)
 
-        # The kubernetes client costs an agent ~20 MiB of RSS: loaded only where the device
-        # plugin lists pods with it.
-        setup_errors: tuple[type[Exception], ...] = (ValueError,)
-        if args.device_plugin:
-            from gputopo.runtime.kube import KubeError
-
-            setup_errors = (ValueError, KubeError)
         try:
             asyncio.run(serve())
         except OSError as error:
             print(f"gputopo exporter: {error}", file=sys.stderr)
             return 1
-        except setup_errors as error:  # a bad device-plugin option, no API access
+        except (ValueError, KubeError) as error:  # a bad device-plugin option, no API access
             print(f"gputopo exporter: {error}", file=sys.stderr)
             return 2
         except RootTaskDiedError as err:
