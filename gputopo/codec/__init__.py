@@ -8,15 +8,11 @@ present) and raises `CodecError` naming the field, which servers return as INVAL
 Everything public is re-exported here, so callers import from `gputopo.codec`.
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
 from gputopo.codec._base import CodecError, seconds, timestamp
-from gputopo.codec.cluster import cluster_to_proto, node_state_to_proto
 from gputopo.codec.limits import check_limits, clip_texts
-from gputopo.codec.placement import (
-    request_from_proto,
-    request_to_proto,
-    result_from_proto,
-    result_to_proto,
-)
 from gputopo.codec.report import (
     delta_from_proto,
     delta_to_proto,
@@ -39,6 +35,37 @@ from gputopo.codec.topology import (
     topology_from_proto,
     topology_to_proto,
 )
+
+if TYPE_CHECKING:
+    from gputopo.codec.cluster import cluster_to_proto, node_state_to_proto
+    from gputopo.codec.placement import (
+        request_from_proto,
+        request_to_proto,
+        result_from_proto,
+        result_to_proto,
+    )
+
+# The cluster and placement families pull in the placement engine and numpy (about 13 MiB of
+# RSS). The exporter on every node only ever speaks the report family, so those two load on
+# first use (PEP 562) rather than with the package.
+_LAZY = {
+    "cluster_to_proto": "gputopo.codec.cluster",
+    "node_state_to_proto": "gputopo.codec.cluster",
+    "request_from_proto": "gputopo.codec.placement",
+    "request_to_proto": "gputopo.codec.placement",
+    "result_from_proto": "gputopo.codec.placement",
+    "result_to_proto": "gputopo.codec.placement",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CodecError",

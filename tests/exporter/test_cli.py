@@ -259,10 +259,11 @@ def test_a_simulated_exporter_does_not_log_a_driver_that_reads_as_real() -> None
     assert "driver 550" not in text
 
 
-def test_an_exporter_without_tls_or_device_plugin_loads_no_kubernetes_or_cryptography() -> None:
+def test_an_exporter_without_tls_or_device_plugin_loads_no_kubernetes_cryptography_or_numpy() -> None:
     """The RSS the exporter on every node saves (agent.py, deviceplugin.py, tls.py say why):
     run as deployed without `--device-plugin` and with `--insecure`, the process never imports
-    the kubernetes client (~18 MiB) nor cryptography (~8 MiB); `-X importtime` lists every
+    the kubernetes client (~18 MiB) nor cryptography (~8 MiB), nor the placement engine and
+    numpy (~13 MiB, `gputopo.codec` loads them on first use); `-X importtime` lists every
     module it imported."""
     args = [sys.executable, "-X", "importtime", "-m", "gputopo", "exporter"]
     args += ["--simulate", "dgx-h100", "--node-name", "sim-0", "--http-host", "127.0.0.1"]
@@ -287,5 +288,6 @@ def test_an_exporter_without_tls_or_device_plugin_loads_no_kubernetes_or_cryptog
                 process.kill()
     assert serving
     assert "exporter.agent" in imported  # the listing is whole
-    loaded = {"kubernetes", "cryptography", "exporter.deviceplugin"} & imported
+    heavy = {"kubernetes", "cryptography", "exporter.deviceplugin", "numpy", "gputopo.placement"}
+    loaded = heavy & imported
     assert not loaded, f"imported: {sorted(loaded)}"
