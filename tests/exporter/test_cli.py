@@ -259,7 +259,7 @@ def test_a_simulated_exporter_does_not_log_a_driver_that_reads_as_real() -> None
     assert "driver 550" not in text
 
 
-def test_an_exporter_without_tls_or_device_plugin_loads_no_kubernetes_cryptography_or_numpy() -> None:
+def test_a_plain_exporter_loads_no_kubernetes_cryptography_or_numpy() -> None:
     """The RSS the exporter on every node saves (agent.py, deviceplugin.py, tls.py say why):
     run as deployed without `--device-plugin` and with `--insecure`, the process never imports
     the kubernetes client (~18 MiB) nor cryptography (~8 MiB), nor the placement engine and
