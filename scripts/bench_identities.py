@@ -64,13 +64,13 @@ from gputopo.runtime.placement_client import PlacementCallError, PlacementClient
 from gputopo.runtime.tls import TlsFiles  # noqa: E402
 from gputopo.sim.pcieserver import measured_with_noise, pcie_tree, uneven_tree  # noqa: E402
 from gputopo.v1 import reporter_pb2 as rpb  # noqa: E402
-from gputopo.v1 import reporter_pb2_grpc as rgrpc  # noqa: E402
 from gputopo.v1 import topology_pb2 as tpb  # noqa: E402
 
 # The aggregator's own memory beside its nodes' (README "Memory per node").
 AGGREGATOR_OWN_MIB = 128.0
 _MIB = 2**20
 _OPERATOR = "bench-operator"
+_REPORT_METHOD = "/gputopo.v1.Reporter/Report"  # gputopo.v1.reporter_pb2_grpc
 
 
 def node_name(i: int) -> str:
@@ -158,7 +158,12 @@ async def run_worker(
     """Report as each node, starting at most `rate` new nodes a second whatever the answers
     (a herd: a node does not wait for the one before it to be accepted); one line per node on
     stdout when its answer comes, then hold every stream open with heartbeats until terminated."""
-    base = tpb.NodeTopology.FromString(report_path(certs, shape).read_bytes())
+    # Serialized once: a node's report is these bytes and its own name (protobuf merges
+    # concatenated messages, the last name wins), so a node whose call waits costs this
+    # client its wire size, not a decoded copy (1,000 waiting nodes held 5 GiB here that way).
+    topology = tpb.NodeTopology.FromString(report_path(certs, shape).read_bytes())
+    base = rpb.ReportRequest(snapshot=rpb.Snapshot(topology=topology)).SerializeToString()
+    del topology
     held: list[asyncio.Task[None]] = []
     started = time.monotonic()
     for n, name in enumerate(names):
@@ -176,19 +181,23 @@ def _say(name: str, answer: asyncio.Future[str]) -> None:
 
 
 async def _one_node(
-    certs: Path, target: str, name: str, base: tpb.NodeTopology, accepted: asyncio.Future[str]
+    certs: Path, target: str, name: str, base: bytes, accepted: asyncio.Future[str]
 ) -> None:
     try:
         async with channel(target, tls=tls_of(certs, name)) as chan:
-            call = rgrpc.ReporterStub(chan).Report()
-            topo = tpb.NodeTopology()
-            topo.CopyFrom(base)
-            topo.name = name
-            first = rpb.ReportRequest(
-                node_name=name, incarnation=1, sequence=1, snapshot=rpb.Snapshot(topology=topo)
+            report = chan.stream_stream(
+                _REPORT_METHOD,
+                request_serializer=bytes,  # written already serialized
+                response_deserializer=rpb.ReportResponse.FromString,
             )
-            await call.write(first)
-            del topo, first  # the client's copy is not what is measured; keep workers small
+            call = report()
+            own = rpb.ReportRequest(
+                node_name=name,
+                incarnation=1,
+                sequence=1,
+                snapshot=rpb.Snapshot(topology=tpb.NodeTopology(name=name)),
+            )
+            await call.write(base + own.SerializeToString())
             answer = await call.read()
             if not isinstance(answer, rpb.ReportResponse):  # grpc.aio.EOF
                 accepted.set_result("stream ended")
@@ -200,14 +209,10 @@ async def _one_node(
             while True:
                 await asyncio.sleep(interval)
                 sequence += 1
-                await call.write(
-                    rpb.ReportRequest(
-                        node_name=name,
-                        incarnation=1,
-                        sequence=sequence,
-                        heartbeat=rpb.Heartbeat(),
-                    )
+                beat = rpb.ReportRequest(
+                    node_name=name, incarnation=1, sequence=sequence, heartbeat=rpb.Heartbeat()
                 )
+                await call.write(beat.SerializeToString())
                 await call.read()
     except grpc.aio.AioRpcError as error:
         if not accepted.done():
