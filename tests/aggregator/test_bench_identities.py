@@ -8,13 +8,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent.parent / "scripts" / "bench_identities.py"
 
 
-def _bench(certs: Path, *flags: str) -> dict[str, object]:
+def _bench(certs: Path, *flags: str) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--certs", str(certs), "--workers", "2", "--settle", "0",
          *flags],
@@ -23,7 +24,7 @@ def _bench(certs: Path, *flags: str) -> dict[str, object]:
         text=True,
         timeout=240,
     )  # fmt: skip
-    figures: dict[str, object] = json.loads(out.stdout)
+    figures: dict[str, Any] = json.loads(out.stdout)
     return figures
 
 
