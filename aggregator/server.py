@@ -84,7 +84,16 @@ LEADER_POD_LABEL = "gputopo.io/role"
 # and the exporter then reconnects and sends its snapshot again: at 20,000 nodes 15,000 of the
 # streams ended CANCELLED that way and the herd never settled. A call waits instead; keepalive
 # still finds dead peers, and no maximum connection age ever cuts a report stream.
-SERVER_OPTIONS: tuple[tuple[str, int], ...] = (("grpc.server_max_unrequested_time_in_server", 600),)
+# While a call waits, Core keeps what its stream's HTTP/2 window let in. BDP probing grows that
+# window toward the whole message (a waiting 11 MiB report held 5.8 MiB, a 453 KB one 0.58 MiB);
+# without it the window stays at the lookahead, and a waiting stream costs about 0.2 MiB, TLS
+# included, whatever it sends (scripts/bench_identities.py, README "Memory per node"). A call
+# the handler reads gets its whole message still: Core opens the window for a pending read.
+SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.server_max_unrequested_time_in_server", 600),
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", 64 * 1024),
+)
 # The name kube-scheduler's own client certificate carries: the extender's one legitimate caller.
 DEFAULT_EXTENDER_CLIENTS = ("system:kube-scheduler",)
 

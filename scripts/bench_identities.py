@@ -10,18 +10,22 @@ aggregator's own, README "Memory per node"). Set up as production runs it:
    accepts as a node identity), issued once by `gputopo.runtime.pki` and kept in `--certs`
    (a directory under the system's temp dir by default), so a rerun reuses them.
 3. Clients run in `--workers` other processes (their memory is not the aggregator's), one
-   TLS channel and one Report stream per node, at most `--rate` new nodes per second in all.
-   Each sends the largest accepted report: a 128-GPU PCIe server on an uneven switch tree with
-   every GPU pair measured (the worst shape of tests/aggregator/test_node_memory.py, about
-   450 KB), renamed for its node; then it keeps its stream open with heartbeats.
+   TLS channel and one Report stream per node, `--rate` new nodes per second in all, each
+   started whatever the answers to the ones before (a herd: with `--rate 1000` every node is
+   in flight at once, as after a failover). Each sends the largest accepted report: a 128-GPU
+   PCIe server on an uneven switch tree with every GPU pair measured (the worst shape of
+   tests/aggregator/test_node_memory.py, about 450 KB), renamed for its node; then it keeps
+   its stream open with heartbeats. Answers are counted from every worker as they come.
 4. RSS is read before the first node, after the last one is accepted, and again after one
-   Place (so the placement snapshot built from those nodes counts too).
+   Place (so the placement snapshot built from those nodes counts too); the peak (VmHWM)
+   covers whatever was in flight in between.
 
-    .venv/bin/python scripts/bench_identities.py --identities 300
+    .venv/bin/python scripts/bench_identities.py --identities 1000 --rate 1000
 
 Prints one JSON object: identities, accepted, report_bytes, the aggregator's RSS before and
-after, MiB per identity, the documented budget for N, and whether RSS stayed under it. Stops
-early (and says so) if the aggregator and clients together pass `--max-total-gib`.
+after and its peak, MiB per identity, the documented budget for N, and whether the peak stayed
+under it. Stops early (and says so) if the aggregator and clients together pass
+`--max-total-gib`, or not every node has its answer within `--timeout`.
 """
 
 from __future__ import annotations
@@ -29,15 +33,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import functools
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
@@ -56,13 +64,13 @@ from gputopo.runtime.placement_client import PlacementCallError, PlacementClient
 from gputopo.runtime.tls import TlsFiles  # noqa: E402
 from gputopo.sim.pcieserver import measured_with_noise, pcie_tree, uneven_tree  # noqa: E402
 from gputopo.v1 import reporter_pb2 as rpb  # noqa: E402
-from gputopo.v1 import reporter_pb2_grpc as rgrpc  # noqa: E402
 from gputopo.v1 import topology_pb2 as tpb  # noqa: E402
 
 # The aggregator's own memory beside its nodes' (README "Memory per node").
 AGGREGATOR_OWN_MIB = 128.0
 _MIB = 2**20
 _OPERATOR = "bench-operator"
+_REPORT_METHOD = "/gputopo.v1.Reporter/Report"  # gputopo.v1.reporter_pb2_grpc
 
 
 def node_name(i: int) -> str:
@@ -147,9 +155,15 @@ def make_report(directory: Path, shape: str = "largest") -> bytes:
 async def run_worker(
     certs: Path, target: str, names: list[str], *, rate: float, shape: str
 ) -> None:
-    """Report as each node, at most `rate` new nodes a second; one line per node on stdout,
-    then hold every stream open with heartbeats until terminated."""
-    base = tpb.NodeTopology.FromString(report_path(certs, shape).read_bytes())
+    """Report as each node, starting at most `rate` new nodes a second whatever the answers
+    (a herd: a node does not wait for the one before it to be accepted); one line per node on
+    stdout when its answer comes, then hold every stream open with heartbeats until terminated."""
+    # Serialized once: a node's report is these bytes and its own name (protobuf merges
+    # concatenated messages, the last name wins), so a node whose call waits costs this
+    # client its wire size, not a decoded copy (1,000 waiting nodes held 5 GiB here that way).
+    topology = tpb.NodeTopology.FromString(report_path(certs, shape).read_bytes())
+    base = rpb.ReportRequest(snapshot=rpb.Snapshot(topology=topology)).SerializeToString()
+    del topology
     held: list[asyncio.Task[None]] = []
     started = time.monotonic()
     for n, name in enumerate(names):
@@ -157,25 +171,33 @@ async def run_worker(
         if delay > 0:
             await asyncio.sleep(delay)
         accepted: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        accepted.add_done_callback(functools.partial(_say, name))
         held.append(asyncio.create_task(_one_node(certs, target, name, base, accepted)))
-        print(json.dumps({"node": name, "answer": await accepted}), flush=True)
     await asyncio.gather(*held)
 
 
+def _say(name: str, answer: asyncio.Future[str]) -> None:
+    print(json.dumps({"node": name, "answer": answer.result()}), flush=True)
+
+
 async def _one_node(
-    certs: Path, target: str, name: str, base: tpb.NodeTopology, accepted: asyncio.Future[str]
+    certs: Path, target: str, name: str, base: bytes, accepted: asyncio.Future[str]
 ) -> None:
     try:
         async with channel(target, tls=tls_of(certs, name)) as chan:
-            call = rgrpc.ReporterStub(chan).Report()
-            topo = tpb.NodeTopology()
-            topo.CopyFrom(base)
-            topo.name = name
-            first = rpb.ReportRequest(
-                node_name=name, incarnation=1, sequence=1, snapshot=rpb.Snapshot(topology=topo)
+            report = chan.stream_stream(
+                _REPORT_METHOD,
+                request_serializer=bytes,  # written already serialized
+                response_deserializer=rpb.ReportResponse.FromString,
             )
-            await call.write(first)
-            del topo, first  # the client's copy is not what is measured; keep workers small
+            call = report()
+            own = rpb.ReportRequest(
+                node_name=name,
+                incarnation=1,
+                sequence=1,
+                snapshot=rpb.Snapshot(topology=tpb.NodeTopology(name=name)),
+            )
+            await call.write(base + own.SerializeToString())
             answer = await call.read()
             if not isinstance(answer, rpb.ReportResponse):  # grpc.aio.EOF
                 accepted.set_result("stream ended")
@@ -187,14 +209,10 @@ async def _one_node(
             while True:
                 await asyncio.sleep(interval)
                 sequence += 1
-                await call.write(
-                    rpb.ReportRequest(
-                        node_name=name,
-                        incarnation=1,
-                        sequence=sequence,
-                        heartbeat=rpb.Heartbeat(),
-                    )
+                beat = rpb.ReportRequest(
+                    node_name=name, incarnation=1, sequence=sequence, heartbeat=rpb.Heartbeat()
                 )
+                await call.write(beat.SerializeToString())
                 await call.read()
     except grpc.aio.AioRpcError as error:
         if not accepted.done():
@@ -207,6 +225,11 @@ async def _one_node(
 # --- the parent: the aggregator, the workers, the figures ------------------------------------
 
 
+def _forward(stream: Iterable[str], into: queue.Queue[str]) -> None:
+    for line in stream:
+        into.put(line)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -214,9 +237,10 @@ def free_port() -> int:
         return port
 
 
-def rss_mib(pid: int) -> float:
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """Resident memory of `pid` in MiB; `field="VmHWM"`: its peak since it started."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return 0.0
 
@@ -262,6 +286,22 @@ async def place_once(certs: Path, target: str) -> str:
     return "placed" if answer.result.placed else f"not placed: {answer.result.reason}"
 
 
+def documented_budget_mib(identities: int) -> float:
+    """README "Memory per node": every node's budget plus the aggregator's own."""
+    return identities * NODE_MEMORY_BUDGET / _MIB + AGGREGATOR_OWN_MIB
+
+
+def default_guard_gib(identities: int) -> float:
+    """Where the run stops itself: past the documented budget (plus the clients' 2 GiB) the
+    answer is known, and a machine with less memory stops before it swaps or kills."""
+    available_mib = next(
+        int(line.split()[1]) / 1024
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemAvailable:")
+    )
+    return min(documented_budget_mib(identities) + 2048, 0.8 * available_mib) / 1024
+
+
 def measure(args: argparse.Namespace) -> dict[str, object]:
     certs: Path = args.certs
     began = time.monotonic()
@@ -304,32 +344,43 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
         answers: dict[str, int] = {}
         stopped = ""
         connect_began = time.monotonic()
-        for w, worker in enumerate(workers):  # the others keep going; their lines wait
+        lines: queue.Queue[str] = queue.Queue()
+        for worker in workers:  # every worker's answers as they come, whichever worker
             assert worker.stdout is not None
-            expected = len(names[w::count])
-            for got, line in enumerate(worker.stdout, start=1):
-                answer = json.loads(line)["answer"]
+            threading.Thread(target=_forward, args=(worker.stdout, lines), daemon=True).start()
+        deadline = connect_began + args.timeout
+        while sum(answers.values()) < len(names):
+            try:
+                answer = json.loads(lines.get(timeout=1.0))["answer"]
+            except queue.Empty:
+                answer = None
+            if answer is not None:
                 kind = answer.split(":")[0]
                 answers[kind] = answers.get(kind, 0) + 1
                 if answer != "STATUS_ACCEPTED":
                     figures.setdefault("first_refusal", answer)
-                total = rss_mib(aggregator.pid) + sum(
-                    rss_mib(w.pid) for w in workers if w.poll() is None
-                )
-                if total > args.max_total_gib * 1024:
-                    stopped = f"stopped: aggregator and clients at {total:.0f} MiB"
-                if stopped or got >= expected:
-                    break
+            # checked while no answer comes too: a herd in flight grows with no line
+            total = rss_mib(aggregator.pid) + sum(
+                rss_mib(w.pid) for w in workers if w.poll() is None
+            )
+            if total > args.max_total_gib * 1024:
+                stopped = f"stopped: aggregator and clients at {total:.0f} MiB"
+            elif time.monotonic() > deadline:
+                stopped = f"stopped: {args.timeout:.0f} s without every answer"
+            elif aggregator.poll() is not None:
+                stopped = f"stopped: the aggregator exited ({aggregator.returncode})"
             if stopped:
                 break
         connect_s = time.monotonic() - connect_began
         time.sleep(args.settle)
         after = rss_mib(aggregator.pid)
+        peak_reports = rss_mib(aggregator.pid, "VmHWM")
         placed = asyncio.run(place_once(certs, target)) if not stopped else "skipped"
         time.sleep(1)
         after_place = rss_mib(aggregator.pid)
+        peak = rss_mib(aggregator.pid, "VmHWM")
         accepted = answers.get("STATUS_ACCEPTED", 0)
-        budget_mib = args.identities * NODE_MEMORY_BUDGET / _MIB + AGGREGATOR_OWN_MIB
+        budget_mib = documented_budget_mib(args.identities)
         per_identity = (after_place - before) / accepted if accepted else 0.0
         figures = {
             "identities": args.identities,
@@ -349,7 +400,10 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
             "mib_per_identity": round(per_identity, 2),
             "node_memory_budget_mib": NODE_MEMORY_BUDGET / _MIB,
             "documented_budget_mib": round(budget_mib, 1),
-            "under_documented_budget": after_place <= budget_mib,
+            "aggregator_peak_rss_mib": round(peak, 1),
+            "aggregator_peak_rss_mib_during_reports": round(peak_reports, 1),
+            "under_documented_budget": peak <= budget_mib,
+            "stop_guard_mib": round(args.max_total_gib * 1024),
             "load_average": [round(x, 2) for x in os.getloadavg()],
         }
     finally:
@@ -393,8 +447,16 @@ def main() -> int:
     parser.add_argument(
         "--max-total-gib",
         type=float,
-        default=6.0,
-        help="stop when the aggregator and clients together pass this (default 6)",
+        default=None,
+        help="stop when the aggregator and clients together pass this (default: the documented"
+        " budget for the identities plus 2 GiB for the clients, at most 80%% of the memory"
+        " available at start)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=1800.0,
+        help="stop when not every node has its answer after this many seconds (default 1800)",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
@@ -406,6 +468,8 @@ def main() -> int:
             run_worker(args.certs, args.target, args.names, rate=args.rate, shape=args.report)
         )
         return 0
+    if args.max_total_gib is None:
+        args.max_total_gib = default_guard_gib(args.identities)
     print(json.dumps(measure(args), indent=2))
     return 0
 
