@@ -264,11 +264,18 @@ def edge_gbps(snapshot: ClusterSnapshot, source: Replica, target: Replica) -> fl
     if shards == 0:
         return 0.0
     total = 0.0
+    # Whether two nodes share an NVLink domain, per node pair: shards of one part ask it again.
+    nvlinked: dict[tuple[str, str], bool] = {}
     for (pa, ia), (pb, ib) in zip(src[:shards], dst[:shards], strict=True):
         ga, gb = pa.gpus[ia], pb.gpus[ib]
         if pa.node == pb.node:
             total += snapshot.shape(pa.node).bw[ga][gb] if ga != gb else math.inf
-        elif span_of(snapshot, [pa.node, pb.node]) is Scope.NVLINK:
+            continue
+        pair = (pa.node, pb.node)
+        shared = nvlinked.get(pair)
+        if shared is None:
+            shared = nvlinked[pair] = span_of(snapshot, list(pair)) is Scope.NVLINK
+        if shared:
             total += min(
                 snapshot.shape(pa.node).nvlink_gbps[ga], snapshot.shape(pb.node).nvlink_gbps[gb]
             )
