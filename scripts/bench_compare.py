@@ -15,16 +15,18 @@ base.
 A ratio alone does not say whether a figure moved: a p99 of 20 samples is its maximum, and
 two runs of the same code differ by more than 5 % in it. `--aa` runs the base a second time
 in every round (base, branch, base again; the order of the two base runs alternates), so each
-figure also gets `aa`, the same ratio between the base and itself, and `noise`, how far that
-is from 1 in either direction (`max(aa, 1/aa)`). The `verdict` lists every figure whose ratio
-is above `--threshold` with its noise, and calls it `beyond_noise` only when the ratio is also
-above that noise; nothing is left out, so a reader sees both. A markdown table of the same
-goes to stderr.
+figure also gets `aa`, the same ratio between the base and itself, and `noise`: over every
+way to cut the base's runs in two halves, the largest ratio of their medians, either way up
+(the A/A is one such cut). The `verdict` lists every figure whose ratio is above
+`--threshold` with its noise, and calls it `beyond_noise` only when the ratio is also above
+that noise; nothing is left out, so a reader sees both. A markdown table of the same goes to
+stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -95,11 +97,29 @@ def compare(
         b, n = _median(base, key), _median(branch, key)
         figure: dict[str, float | None] = {"base": b, "branch": n, "ratio": _ratio(n, b)}
         if again is not None and any(key in r for r in again):
-            aa = _ratio(_median(again, key), b)
-            figure["aa"] = aa
-            figure["noise"] = round(max(aa, 1 / aa), 3) if aa else None
+            figure["aa"] = _ratio(_median(again, key), b)
+            figure["noise"] = noise([r[key] for r in (*base, *again) if key in r])
         figures[key] = figure
     return figures
+
+
+def noise(runs: list[float]) -> float | None:
+    """How far apart two medians of the same code get: over every way to cut the base runs in
+    two halves, the largest ratio of one half's median to the other's, either way up.
+
+    The A/A ratio itself is one such cut, a single draw: a figure that did not move beats a
+    single draw half the time. Every cut of the 2 x rounds runs (20 for 3 rounds) gives a
+    bound that an unchanged figure rarely exceeds. None when a median is 0.
+    """
+    half = len(runs) // 2
+    worst = 1.0
+    for chosen in itertools.combinations(range(len(runs)), half):
+        one = statistics.median(runs[i] for i in chosen)
+        other = statistics.median(runs[i] for i in range(len(runs)) if i not in chosen)
+        if one <= 0 or other <= 0:
+            return None
+        worst = max(worst, one / other, other / one)
+    return round(worst, 3)
 
 
 def verdict(figures: dict[str, dict[str, float | None]], threshold: float) -> dict[str, Any]:

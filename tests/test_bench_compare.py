@@ -78,6 +78,15 @@ CASES = [
         want_noise=1.25,
     ),
     VerdictCase(
+        "an A/A draw that happens to agree does not make a spread figure beyond noise",
+        base=[10, 13, 11.5],
+        branch=[12.5, 12.5, 12.5],
+        again=[13, 10, 11.5],
+        want_listed=True,
+        want_beyond_noise=False,
+        want_noise=1.3,  # the cut {10, 10, 11.5} against {13, 13, 11.5}; the A/A itself is 1.0
+    ),
+    VerdictCase(
         "without an A/A reading nothing can be called noise",
         base=[10, 10, 10],
         branch=[11, 11, 11],
@@ -113,6 +122,14 @@ def test_verdict(case: VerdictCase) -> None:
     assert row["beyond_noise"] is case.want_beyond_noise
     assert row["noise"] == case.want_noise
     assert found["beyond_noise"] == int(bool(case.want_beyond_noise))
+
+
+def test_noise_is_the_widest_cut_of_the_base_runs() -> None:
+    assert bench_compare.noise([5.0, 5.0, 5.0, 5.0]) == 1.0
+    assert bench_compare.noise([10.0, 12.0]) == 1.2
+    # 2 of 4 runs slow: the cut that puts both on one side is 1.5x, whatever the A/A drew.
+    assert bench_compare.noise([10.0, 15.0, 10.0, 15.0]) == 1.5
+    assert bench_compare.noise([0.0, 0.0, 1.0, 1.0]) is None
 
 
 def test_a_zero_base_has_no_ratio_and_is_not_listed() -> None:
