@@ -466,8 +466,10 @@ def _nic_variants(view: View, slot: Slot, plan: Plan) -> list[Plan]:
     per shard. These variants let the edge check see the same node with its shards spread over
     more NICs, so a split over two nodes can meet a KV need the same-node split was taken for.
     """
-    node = plan.pods[0].node if plan.pods else ""
-    if slot.group.scope.required is Scope.NVLINK or any(p.node != node for p in plan.pods):
+    if not plan.pods or slot.group.scope.required is Scope.NVLINK:
+        return []
+    node = plan.pods[0].node
+    if any(p.node != node for p in plan.pods):
         return []
     shape, mask = view.snapshot.node_class(node)
     if mask.bit_count() <= slot.need:
