@@ -199,6 +199,7 @@ def main() -> int:
     bench = [a for a in args.bench if a != "--"]
     sides: dict[str, list[dict[str, float]]] = {"base": [], "branch": [], "again": []}
     script = args.script.resolve() if args.script else None
+    load = [os.getloadavg()]  # the machine's load, for the reader: ratios hold up, times do not
     for i in range(args.rounds):
         before = flatten(run(args.base.resolve(), bench, script))
         sides["branch"].append(flatten(run(HERE, bench + args.branch_only.split(), script)))
@@ -211,11 +212,19 @@ def main() -> int:
         first, second = (before, after) if i % 2 == 0 else (after, before)
         sides["base"].append(first)
         sides["again"].append(second)
+    load.append(os.getloadavg())
     figures = compare(sides["base"], sides["branch"], sides["again"] if args.aa else None)
     found = verdict(figures, args.threshold)
     print(table(found), file=sys.stderr)
     lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in figures.items()]
-    head = json.dumps({"bench": bench, "rounds": args.rounds, "aa": args.aa})[:-1]
+    head = json.dumps(
+        {
+            "bench": bench,
+            "rounds": args.rounds,
+            "aa": args.aa,
+            "load_1_5_15": {"start": load[0], "end": load[1]},
+        }
+    )[:-1]
     print(
         head
         + ', "figures": {\n'

@@ -172,6 +172,7 @@ def test_interleaved_runs_with_aa_end_to_end(tmp_path: Path) -> None:
     # Two base runs a round: base, branch, base again, the roles of the two swapping per round
     # (runs 1 and 4 count as the base, 2 and 3 as its A/A twin).
     assert counter.read_text() == "4"
+    assert len(out["load_1_5_15"]["start"]) == len(out["load_1_5_15"]["end"]) == 3
     figures = out["figures"]
     assert figures["steady"] == {"base": 5.0, "branch": 5.0, "ratio": 1.0, "aa": 1.0,
                                  "noise": 1.0}  # fmt: skip
