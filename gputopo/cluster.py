@@ -66,6 +66,12 @@ _TIER_OF_SCOPE = {Scope.LEAF: 0, Scope.SPINE: 1, Scope.CORE: 2}
 _INDEXED_SCOPES = (Scope.NVLINK, Scope.LEAF, Scope.SPINE, Scope.CORE, Scope.ZONE, Scope.CLUSTER)
 # Scopes whose domains are also indexed by free count (the best-fit terms of a node's damage).
 _BUCKETED = (Scope.NVLINK, Scope.LEAF)
+# Free count -> the domains with that many free GPUs, per bucketed scope.
+_Buckets = dict[Scope, dict[int, frozenset[str]]]
+# A derived index folds its moved domains into buckets of its own once this many pile up.
+_MOVED_FOLD = 32
+# Free GPUs per domain, per indexed scope.
+_Free = Mapping[Scope, Mapping[str, int]]
 
 # A domain: its scope and an identity that is unique within that scope.
 DomainKey = tuple[Scope, str]
@@ -297,7 +303,9 @@ class _FreeIndex:
     """
 
     __slots__ = (
-        "by_free",
+        "_by_free",
+        "_free_base",
+        "_free_moved",
         "cell_nodes",
         "class_cells",
         "domain_classes",
@@ -308,7 +316,12 @@ class _FreeIndex:
     def __init__(self) -> None:
         self.mask: _Layered[int] = _Layered({})
         # NVLINK and LEAF domains by their free GPUs: free count -> domains (for best fit).
-        self.by_free: dict[Scope, dict[int, frozenset[str]]] = {s: {} for s in _BUCKETED}
+        # Derived indexes keep it lazily (see `by_free`): None until asked.
+        self._by_free: _Buckets | None = {s: {} for s in _BUCKETED}
+        # What `by_free` is made from while it is None: an ancestor's buckets and the bucketed
+        # domains moved since, with their free counts in that ancestor.
+        self._free_base: _Buckets = self._by_free
+        self._free_moved: dict[tuple[Scope, str], int] = {}
         self.domain_free: dict[Scope, dict[str, int]] = {s: {} for s in _INDEXED_SCOPES}
         self.domain_classes: dict[Scope, dict[str, dict[NodeClass, int]]] = {
             s: {} for s in _INDEXED_SCOPES
@@ -345,23 +358,42 @@ class _FreeIndex:
                 class_cells.setdefault(c, set()).add(cell)
         idx.class_cells = {c: frozenset(v) for c, v in class_cells.items()}
         idx.mask = _Layered(masks)
+        by_free: _Buckets = {}
         for scope in _BUCKETED:
             buckets: dict[int, set[str]] = {}
             for domain, free in idx.domain_free[scope].items():
                 buckets.setdefault(free, set()).add(domain)
-            idx.by_free[scope] = {f: frozenset(d) for f, d in buckets.items()}
+            by_free[scope] = {f: frozenset(d) for f, d in buckets.items()}
+        idx._by_free = idx._free_base = by_free
         return idx
+
+    @property
+    def by_free(self) -> _Buckets:
+        """NVLINK and LEAF domains by free GPUs, built on first use for a derived index.
+
+        Only a search over the whole cluster reads these buckets (`plans._tightest_cells`),
+        while every reservation, churn step and in-search trial derives an index: keeping the
+        moved domains and folding them on demand takes the bucket copies off that path.
+        """
+        found = self._by_free
+        if found is None:
+            found = _moved_into(self._free_base, self._free_moved, self.domain_free)
+            self._by_free = found
+        return found
 
     def derive(self, structure: _Structure, changes: Mapping[str, frozenset[int]]) -> _FreeIndex:
         """A new index with the given nodes' free sets; shares untouched entries with self."""
-        out = _FreeIndex()
+        out = object.__new__(_FreeIndex)  # every field is set below: skip __init__'s empties
         new_masks: dict[str, int] = {}
         out.domain_free = dict(self.domain_free)
         out.domain_classes = dict(self.domain_classes)
         out.cell_nodes = dict(self.cell_nodes)
         out.class_cells = dict(self.class_cells)
-        out.by_free = self.by_free
-        moved: dict[tuple[Scope, str], int] = {}  # domain -> its free count before the changes
+        if self._by_free is not None:
+            base, moved = self._by_free, {}
+        else:
+            base, moved = self._free_base, self._free_moved
+        shared = moved  # copied before the first new entry
         copied_free: set[Scope] = set()
         copied_classes: set[tuple[Scope, str]] = set()
         copied_scope_classes: set[Scope] = set()
@@ -385,8 +417,10 @@ class _FreeIndex:
                 if scope not in copied_free:
                     out.domain_free[scope] = dict(out.domain_free[scope])
                     copied_free.add(scope)
-                if scope in _BUCKETED:
-                    moved.setdefault((scope, domain), out.domain_free[scope][domain])
+                if scope in _BUCKETED and (scope, domain) not in moved:
+                    if moved is shared:
+                        moved = dict(shared)
+                    moved[scope, domain] = out.domain_free[scope][domain]
                 out.domain_free[scope][domain] += delta
                 if scope not in copied_scope_classes:
                     out.domain_classes[scope] = dict(out.domain_classes[scope])
@@ -422,20 +456,31 @@ class _FreeIndex:
                 by_class[new_cls] = frozenset((name,))
                 out.class_cells[new_cls] = out.class_cells.get(new_cls, frozenset()) | {cell}
         out.mask = self.mask.changed(new_masks)
-        if moved:
-            out.by_free = {scope: dict(b) for scope, b in self.by_free.items()}
-            for (scope, domain), before in moved.items():
-                after = out.domain_free[scope][domain]
-                if after == before:
-                    continue
-                buckets = out.by_free[scope]
-                rest = buckets[before] - {domain}
-                if rest:
-                    buckets[before] = rest
-                else:
-                    del buckets[before]
-                buckets[after] = buckets.get(after, frozenset()) | {domain}
+        out._free_base, out._free_moved = base, moved
+        out._by_free = None
+        if not moved:
+            out._by_free = base
+        elif len(moved) >= _MOVED_FOLD:
+            # Fold now, so that a long chain of derives stays O(changes) each.
+            out._by_free = _moved_into(base, moved, out.domain_free)
         return out
+
+
+def _moved_into(base: _Buckets, moved: Mapping[tuple[Scope, str], int], free: _Free) -> _Buckets:
+    """`base`'s buckets with each moved domain taken from its count there to its count now."""
+    out = {scope: dict(b) for scope, b in base.items()}
+    for (scope, domain), before in moved.items():
+        after = free[scope][domain]
+        if after == before:
+            continue
+        buckets = out[scope]
+        rest = buckets[before] - {domain}
+        if rest:
+            buckets[before] = rest
+        else:
+            del buckets[before]
+        buckets[after] = buckets.get(after, frozenset()) | {domain}
+    return out
 
 
 class ClusterSnapshot:

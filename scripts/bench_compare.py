@@ -11,11 +11,22 @@ an API they share (`scripts/bench_state.py`). Rounds alternate base, branch, bas
 ... so that load from other work on the machine falls on both alike. Prints JSON: for every
 numeric figure of the benchmark's own JSON, the median over rounds on each side and branch /
 base.
+
+A ratio alone does not say whether a figure moved: a p99 of 20 samples is its maximum, and
+two runs of the same code differ by more than 5 % in it. `--aa` runs the base a second time
+in every round (base, branch, base again; the order of the two base runs alternates), so each
+figure also gets `aa`, the same ratio between the base and itself, and `noise`: over every
+way to cut the base's runs in two halves, the largest ratio of their medians, either way up
+(the A/A is one such cut). The `verdict` lists every figure whose ratio is above
+`--threshold` with its noise, and calls it `beyond_noise` only when the ratio is also above
+that noise; nothing is left out, so a reader sees both. A markdown table of the same goes to
+stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -64,10 +75,117 @@ def flatten(value: Any, path: str = "") -> dict[str, float]:
     return out
 
 
+def _median(runs: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in runs if key in r)
+
+
+def _ratio(top: float, bottom: float) -> float | None:
+    return round(top / bottom, 3) if bottom else None
+
+
+def compare(
+    base: list[dict[str, float]],
+    branch: list[dict[str, float]],
+    again: list[dict[str, float]] | None = None,
+) -> dict[str, dict[str, float | None]]:
+    """Per figure present on both sides: medians over rounds, branch / base, and with `again`
+    (a second set of base runs) the A/A ratio and the noise it shows."""
+    figures: dict[str, dict[str, float | None]] = {}
+    for key in sorted(set(base[0]) & set(branch[0])):
+        if key.rsplit(".", 1)[-1] in (*ROW_KEYS, "seed"):
+            continue  # names a row, not a figure
+        b, n = _median(base, key), _median(branch, key)
+        figure: dict[str, float | None] = {"base": b, "branch": n, "ratio": _ratio(n, b)}
+        if again is not None and any(key in r for r in again):
+            figure["aa"] = _ratio(_median(again, key), b)
+            figure["noise"] = noise([r[key] for r in (*base, *again) if key in r])
+        figures[key] = figure
+    return figures
+
+
+def noise(runs: list[float]) -> float | None:
+    """How far apart two medians of the same code get: over every way to cut the base runs in
+    two halves, the largest ratio of one half's median to the other's, either way up.
+
+    The A/A ratio itself is one such cut, a single draw: a figure that did not move beats a
+    single draw half the time. Every cut of the 2 x rounds runs (20 for 3 rounds) gives a
+    bound that an unchanged figure rarely exceeds. None when a median is 0.
+    """
+    half = len(runs) // 2
+    worst = 1.0
+    for chosen in itertools.combinations(range(len(runs)), half):
+        one = statistics.median(runs[i] for i in chosen)
+        other = statistics.median(runs[i] for i in range(len(runs)) if i not in chosen)
+        if one <= 0 or other <= 0:
+            return None
+        worst = max(worst, one / other, other / one)
+    return round(worst, 3)
+
+
+def verdict(figures: dict[str, dict[str, float | None]], threshold: float) -> dict[str, Any]:
+    """Every figure above `threshold`, each with its A/A noise and whether it is beyond it (a
+    figure without an A/A reading cannot be called noise: it counts as beyond)."""
+    above = []
+    for key, f in figures.items():
+        ratio = f["ratio"]
+        if ratio is None or ratio <= threshold:
+            continue
+        noise = f.get("noise")
+        above.append(
+            {
+                "figure": key,
+                "base": f["base"],
+                "branch": f["branch"],
+                "ratio": ratio,
+                "aa": f.get("aa"),
+                "noise": noise,
+                "beyond_noise": noise is None or ratio > noise,
+            }
+        )
+    return {
+        "threshold": threshold,
+        "compared": len(figures),
+        "above_threshold": len(above),
+        "beyond_noise": sum(1 for a in above if a["beyond_noise"]),
+        "above": above,
+    }
+
+
+def table(found: dict[str, Any]) -> str:
+    """The verdict as a markdown table, beyond-noise rows first."""
+    lines = [
+        f"{found['above_threshold']} of {found['compared']} figures above "
+        f"{found['threshold']}x, {found['beyond_noise']} of them beyond their A/A noise",
+        "",
+        "| figure | base | branch | ratio | A/A | noise | beyond noise |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows = sorted(found["above"], key=lambda a: (not a["beyond_noise"], -a["ratio"]))
+    for a in rows:
+        lines.append(
+            f"| `{a['figure']}` | {a['base']:g} | {a['branch']:g} | {a['ratio']}x | "
+            f"{a['aa'] if a['aa'] is not None else '-'} | "
+            f"{a['noise'] if a['noise'] is not None else '-'} | "
+            f"{'yes' if a['beyond_noise'] else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", type=Path, required=True, help="checkout of the base commit")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--aa",
+        action="store_true",
+        help="run the base twice a round and give each figure its A/A noise (1.5x the time)",
+    )
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=1.05,
+        help="ratio above which the verdict lists a figure (default 1.05)",
+    )
     parser.add_argument(
         "--branch-only",
         default="",
@@ -79,25 +197,42 @@ def main() -> int:
     parser.add_argument("bench", nargs=argparse.REMAINDER, help="-- NAME [benchmark flags]")
     args = parser.parse_args()
     bench = [a for a in args.bench if a != "--"]
-    sides: dict[str, list[dict[str, float]]] = {"base": [], "branch": []}
+    sides: dict[str, list[dict[str, float]]] = {"base": [], "branch": [], "again": []}
     script = args.script.resolve() if args.script else None
-    for _ in range(args.rounds):
-        sides["base"].append(flatten(run(args.base.resolve(), bench, script)))
+    load = [os.getloadavg()]  # the machine's load, for the reader: ratios hold up, times do not
+    for i in range(args.rounds):
+        before = flatten(run(args.base.resolve(), bench, script))
         sides["branch"].append(flatten(run(HERE, bench + args.branch_only.split(), script)))
-    figures = {}
-    for key in sorted(set(sides["base"][0]) & set(sides["branch"][0])):
-        if key.rsplit(".", 1)[-1] in (*ROW_KEYS, "seed"):
-            continue  # names a row, not a figure
-        base = statistics.median(r[key] for r in sides["base"] if key in r)
-        branch = statistics.median(r[key] for r in sides["branch"] if key in r)
-        figures[key] = {
-            "base": base,
-            "branch": branch,
-            "ratio": round(branch / base, 3) if base else None,
-        }
+        if not args.aa:
+            sides["base"].append(before)
+            continue
+        after = flatten(run(args.base.resolve(), bench, script))
+        # The branch runs between the two base runs; which of them counts as the base swaps
+        # every round, so that neither side of the A/A is always the earlier one.
+        first, second = (before, after) if i % 2 == 0 else (after, before)
+        sides["base"].append(first)
+        sides["again"].append(second)
+    load.append(os.getloadavg())
+    figures = compare(sides["base"], sides["branch"], sides["again"] if args.aa else None)
+    found = verdict(figures, args.threshold)
+    print(table(found), file=sys.stderr)
     lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in figures.items()]
-    head = json.dumps({"bench": bench, "rounds": args.rounds})[:-1]
-    print(head + ', "figures": {\n' + ",\n".join(lines) + "\n}}")
+    head = json.dumps(
+        {
+            "bench": bench,
+            "rounds": args.rounds,
+            "aa": args.aa,
+            "load_1_5_15": {"start": load[0], "end": load[1]},
+        }
+    )[:-1]
+    print(
+        head
+        + ', "figures": {\n'
+        + ",\n".join(lines)
+        + '\n}, "verdict": '
+        + json.dumps(found, indent=1)
+        + "}"
+    )
     return 0
 
 

@@ -430,6 +430,12 @@ def _meeting(
             if found is not None:
                 candidates.append(found)
     candidates += [v for plan in candidates for v in _nic_variants(view, slot, plan)]
+    partners = {
+        j: parts_of(snapshot, placed[j].pods)
+        for e in links
+        for j in (e.source, e.target)
+        if j != index
+    }
     best: tuple[tuple[object, ...], Plan] | None = None
     for plan in candidates:
         mine = parts_of(snapshot, plan.pods)
@@ -437,8 +443,8 @@ def _meeting(
         for e in links:
             gbps = edge_gbps(
                 snapshot,
-                mine if e.source == index else parts_of(snapshot, placed[e.source].pods),
-                mine if e.target == index else parts_of(snapshot, placed[e.target].pods),
+                mine if e.source == index else partners[e.source],
+                mine if e.target == index else partners[e.target],
             )
             if gbps < e.need_gbps:
                 break
@@ -460,14 +466,18 @@ def _nic_variants(view: View, slot: Slot, plan: Plan) -> list[Plan]:
     per shard. These variants let the edge check see the same node with its shards spread over
     more NICs, so a split over two nodes can meet a KV need the same-node split was taken for.
     """
-    taken = plan.taken()
-    if len(taken) != 1 or slot.group.scope.required is Scope.NVLINK:
+    if not plan.pods or slot.group.scope.required is Scope.NVLINK:
         return []
-    ((node, gpus),) = taken.items()
+    node = plan.pods[0].node
+    if any(p.node != node for p in plan.pods):
+        return []
     shape, mask = view.snapshot.node_class(node)
+    if mask.bit_count() <= slot.need:
+        return []  # no other GPUs to choose: the plan's are every free one (a whole GB200 tray)
+    gpus = {g for p in plan.pods for g in p.gpus}
     out = []
     for choice in network_front(shape, mask, slot.need):
-        if set(choice.gpus) == set(gpus):
+        if set(choice.gpus) == gpus:
             continue
         seconds = collective_seconds(slot.group, ((choice, 1),), nodes=1, nvlink=False)
         pods = tuple(pods_on(slot.group, slot.replica, [(node, choice.gpus)]))

@@ -264,14 +264,25 @@ def edge_gbps(snapshot: ClusterSnapshot, source: Replica, target: Replica) -> fl
     if shards == 0:
         return 0.0
     total = 0.0
+    # Per node pair, once (a part's shards all ask it): the two nodes' NVLink figures when they
+    # share an NVLink domain, else None.
+    nvlinked: dict[tuple[str, str], tuple[Sequence[float], Sequence[float]] | None] = {}
     for (pa, ia), (pb, ib) in zip(src[:shards], dst[:shards], strict=True):
         ga, gb = pa.gpus[ia], pb.gpus[ib]
         if pa.node == pb.node:
             total += snapshot.shape(pa.node).bw[ga][gb] if ga != gb else math.inf
-        elif span_of(snapshot, [pa.node, pb.node]) is Scope.NVLINK:
-            total += min(
-                snapshot.shape(pa.node).nvlink_gbps[ga], snapshot.shape(pb.node).nvlink_gbps[gb]
+            continue
+        pair = (pa.node, pb.node)
+        if pair in nvlinked:
+            shared = nvlinked[pair]
+        else:
+            shared = nvlinked[pair] = (
+                (snapshot.shape(pa.node).nvlink_gbps, snapshot.shape(pb.node).nvlink_gbps)
+                if span_of(snapshot, list(pair)) is Scope.NVLINK
+                else None
             )
+        if shared is not None:
+            total += min(shared[0][ga], shared[1][gb])
         else:
             total += min(pa.choice.nic_gbps[ia], pb.choice.nic_gbps[ib])
     return total
