@@ -67,6 +67,7 @@ from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
 __all__ = [
     "DEFAULT_EXTENDER_CLIENTS",
+    "GRPC_SERVERS",
     "SERVER_OPTIONS",
     "Aggregator",
     "AggregatorConfig",
@@ -85,6 +86,12 @@ LEADER_POD_LABEL = "gputopo.io/role"
 # streams ended CANCELLED that way and the herd never settled. A call waits instead; keepalive
 # still finds dead peers, and no maximum connection age ever cuts a report stream.
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = (("grpc.server_max_unrequested_time_in_server", 600),)
+# How many gRPC servers share the port by default. grpc.aio takes one new call per server at a
+# time (a completion-queue round trip: a few loop turns), so while the loop is busy with the
+# nodes already connected, new ones are taken at tens per second per server. With 4, taking
+# calls costs at most 4 pending requests' bookkeeping and connections spread over 4 accept
+# queues (measured in README "Scale").
+GRPC_SERVERS = 4
 # The name kube-scheduler's own client certificate carries: the extender's one legitimate caller.
 DEFAULT_EXTENDER_CLIENTS = ("system:kube-scheduler",)
 
@@ -111,6 +118,11 @@ class AggregatorConfig:
 
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 0
+    # gRPC servers sharing the port (SO_REUSEPORT), each taking new calls on its own, the
+    # servicers (one state) shared: grpc.aio takes a server's new calls one at a time, a few
+    # event-loop turns each, so under load one server connects 20,000 exporters too slowly
+    # (`GRPC_SERVERS`).
+    grpc_servers: int = GRPC_SERVERS
     http_host: str = "127.0.0.1"
     http_port: int | None = None  # None: no HTTP endpoints
     # A node silent this long, with no report stream and no Node object, is forgotten (0: never).
@@ -275,7 +287,7 @@ class Aggregator:
             self.state,
             registry=self.registry,
             clock=clock,
-            ready=lambda: self._grpc is not None,
+            ready=lambda: bool(self._grpc),
             role=lambda: "leader" if self.leading else "follower",
             desired_labels=self._desired_labels,
             extra_routes=lambda app: add_placement_routes(
@@ -288,7 +300,7 @@ class Aggregator:
             ssl_context=ssl_server_context(config.tls) if config.tls else None,
             off_loop=self.placement.off_loop,
         )
-        self._grpc: grpc.aio.Server | None = None
+        self._grpc: list[grpc.aio.Server] = []  # sharing one port, or none before start
         # Root tasks: one that ends on its own ends the process (`gputopo aggregator`).
         self.tasks = Supervisor("aggregator")
         self._tasks: list[asyncio.Task[None]] = []
@@ -357,17 +369,24 @@ class Aggregator:
 
     async def start(self) -> None:
         """Bind and serve; returns once the servers accept connections."""
-        server = grpcio.server(
-            options=SERVER_OPTIONS,
-            interceptors=[RoleInterceptor(self.roles, self._holder_of)],
+        if self.config.grpc_servers < 1:
+            raise ValueError(f"grpc_servers must be at least 1, not {self.config.grpc_servers}")
+        roles = RoleInterceptor(self.roles, self._holder_of)
+        servers = []
+        for _ in range(self.config.grpc_servers):
+            server = grpcio.server(
+                options=SERVER_OPTIONS,
+                interceptors=[roles],
+                share_port=self.config.grpc_servers > 1,
+            )
+            rgrpc.add_ReporterServicer_to_server(self.reporter, server)
+            pgrpc.add_PlacementServicer_to_server(self.service, server)
+            servers.append(server)
+        self.grpc_port = grpcio.bind_shared(
+            servers, self.config.grpc_host, self.config.grpc_port, tls=self.config.tls
         )
-        rgrpc.add_ReporterServicer_to_server(self.reporter, server)
-        pgrpc.add_PlacementServicer_to_server(self.service, server)
-        self.grpc_port = grpcio.bind(
-            server, self.config.grpc_host, self.config.grpc_port, tls=self.config.tls
-        )
-        await server.start()
-        self._grpc = server
+        await asyncio.gather(*(server.start() for server in servers))
+        self._grpc = servers
         if self.config.http_port is not None:
             try:
                 self.http_port = await self.http.start(self.config.http_host, self.config.http_port)
@@ -376,8 +395,7 @@ class Aggregator:
                     self.health_port = await self.http.start_health(self.config.http_host, port)
             except OSError as err:  # the HTTP port is taken: stop the gRPC side, say which port
                 await self.http.stop()
-                await server.stop(0)
-                self._grpc = None
+                await self._stop_grpc(0)
                 address = f"{self.config.http_host}:{self.config.http_port}"
                 if self.http_port:
                     address = f"{self.config.http_host}:{self.config.health_port} (health)"
@@ -524,10 +542,14 @@ class Aggregator:
         else:
             await self._drop_writers()
         await self.http.stop()
-        if self._grpc is not None:
-            await self._grpc.stop(grace_s)
-            self._grpc = None
+        await self._stop_grpc(grace_s)
         self.placement.close()
+
+    async def _stop_grpc(self, grace_s: float) -> None:
+        """Stop every server sharing the port at once: all send GOAWAY together, and the
+        grace period is one for all of them, not one after the other."""
+        servers, self._grpc = self._grpc, []
+        await asyncio.gather(*(server.stop(grace_s) for server in servers))
 
     async def _drop_writers(self) -> None:
         writers, self._writers = self._writers, []

@@ -116,6 +116,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10_000,
         help="nodes of the separate memory figure, 0 to skip (default %(default)s)",
     )
+    parser.add_argument(
+        "--grpc-servers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="gRPC servers sharing the aggregator's port (default 0: the aggregator's default)",
+    )
     parser.add_argument("--no-baseline", action="store_true", help="skip the ack-only baseline run")
     parser.add_argument("--profile", default="dgx-h100", help="machine profile of every node")
     parser.add_argument(
@@ -148,37 +155,44 @@ def _peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
-def _serve(conn: Connection, kind: str, cprofile: str = "") -> None:
-    """Child: serve the aggregator (or the ack-only baseline) until told to stop; with
-    `cprofile`, profile the whole process's work and write the stats there."""
+def _serve(conn: Connection, kind: str, cprofile: str = "", servers: int = 0) -> None:
+    """Child: serve the aggregator (or the ack-only baseline) until told to stop, on `servers`
+    gRPC servers sharing its port (0: the aggregator's default); with `cprofile`, profile the
+    whole process's work and write the stats there."""
     if not cprofile:
-        asyncio.run(_serve_async(conn, kind))
+        asyncio.run(_serve_async(conn, kind, servers))
         return
     import cProfile
 
     profiler = cProfile.Profile()
     profiler.enable()
     try:
-        asyncio.run(_serve_async(conn, kind))
+        asyncio.run(_serve_async(conn, kind, servers))
     finally:
         profiler.disable()
         profiler.dump_stats(cprofile)
 
 
-async def _serve_async(conn: Connection, kind: str) -> None:
+async def _serve_async(conn: Connection, kind: str, servers: int) -> None:
     import grpc
 
-    from aggregator.server import SERVER_OPTIONS, Aggregator, AggregatorConfig
+    from aggregator.server import GRPC_SERVERS, SERVER_OPTIONS, Aggregator, AggregatorConfig
     from gputopo.runtime import grpcio
     from gputopo.v1 import reporter_pb2 as rpb
     from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
+    servers = servers or GRPC_SERVERS
     agg: Aggregator | None = None
-    server: grpc.aio.Server | None = None
+    ack_only: list[grpc.aio.Server] = []
     if kind == "aggregator":
         # The collector as `gputopo aggregator` runs it (its --heap-freeze default).
         agg = Aggregator(
-            AggregatorConfig(heartbeat_interval_s=5.0, stale_after_s=120.0, heap_freeze_s=30.0)
+            AggregatorConfig(
+                heartbeat_interval_s=5.0,
+                stale_after_s=120.0,
+                heap_freeze_s=30.0,
+                grpc_servers=servers,
+            )
         )
         await agg.start()
         port = agg.grpc_port
@@ -191,11 +205,14 @@ async def _serve_async(conn: Connection, kind: str) -> None:
                         status=rpb.ReportResponse.STATUS_ACCEPTED, acked_sequence=msg.sequence
                     )
 
-        # The same server as the aggregator's (gputopo.runtime.grpcio, SERVER_OPTIONS).
-        server = grpcio.server(options=SERVER_OPTIONS)
-        rgrpc.add_ReporterServicer_to_server(AckOnly(), server)
-        port = grpcio.bind(server, "127.0.0.1", 0)
-        await server.start()
+        # The same servers as the aggregator's (gputopo.runtime.grpcio, SERVER_OPTIONS, as many
+        # sharing the port).
+        for _ in range(servers):
+            server = grpcio.server(options=SERVER_OPTIONS, share_port=servers > 1)
+            rgrpc.add_ReporterServicer_to_server(AckOnly(), server)
+            ack_only.append(server)
+        port = grpcio.bind_shared(ack_only, "127.0.0.1", 0)
+        await asyncio.gather(*(server.start() for server in ack_only))
     conn.send(port)
     while True:
         command = await asyncio.to_thread(conn.recv)
@@ -215,8 +232,7 @@ async def _serve_async(conn: Connection, kind: str) -> None:
             break
     if agg is not None:
         await agg.stop(grace_s=1.0)
-    if server is not None:
-        await server.stop(1.0)
+    await asyncio.gather(*(server.stop(1.0) for server in ack_only))
 
 
 def _exporters(conn: Connection, target: str, names: list[str], options: dict[str, Any]) -> None:
@@ -260,7 +276,9 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     cprofile = args.cprofile if kind == "aggregator" else ""
-    server = ctx.Process(target=_serve, args=(child, kind, cprofile), daemon=True)
+    server = ctx.Process(
+        target=_serve, args=(child, kind, cprofile, args.grpc_servers), daemon=True
+    )
     server.start()
     port = parent.recv()
     target = f"127.0.0.1:{port}"
@@ -454,6 +472,8 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.settle_timeout < 0:
         positive["--settle-timeout"] = args.settle_timeout
+    if args.grpc_servers < 0:
+        positive["--grpc-servers"] = args.grpc_servers
     for option, value in positive.items():
         if not value > 0:
             print(f"gputopo bench ingest: {option} must be positive, not {value}", file=sys.stderr)
