@@ -3,6 +3,7 @@ behind them, one owner per port, all stopped together. Real sockets on loopback.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import socket
@@ -175,3 +176,11 @@ def test_no_server_at_all_is_refused() -> None:
             await Aggregator(AggregatorConfig(grpc_servers=0)).start()
 
     run(body())
+
+
+def test_the_command_line_default_is_the_configs() -> None:
+    from gputopo.app.commands.aggregator import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args([]).grpc_servers == GRPC_SERVERS
