@@ -51,6 +51,12 @@ def test_bench_ingest_prints_json_on_stdout_and_progress_on_stderr() -> None:
     assert figures["streams_failed"] == 0
     assert figures["aggregator"]["snapshots_not_acked"] == 0
     assert figures["generator_cpu_percent"] > 0
+    # the loop thread's shares (schedstat): numbers that can be read beside the CPU figure
+    running = figures["aggregator_loop_running_percent"]
+    waiting = figures["aggregator_loop_waiting_for_cpu_percent"]
+    # read just outside the window's ends (a pipe round trip each), so a little over 100 % fits
+    assert 0 < running <= 105
+    assert waiting >= 0
     # 10 nodes per process in connections of 5: the streams really spread over connections
     assert figures["aggregator"]["channels"] == 4
     assert figures["aggregator"]["seconds_until_all_snapshots_acked"] is not None

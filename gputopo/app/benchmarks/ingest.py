@@ -23,6 +23,9 @@ acknowledged and one more delta interval passed:
   snapshot taken from then on contains it (an upper bound on sent-to-visible);
 - `aggregator_rss_mib`, `aggregator_cpu_percent` (of one core, over the window) and
   `generator_cpu_percent` (the load processes together, same window);
+- `aggregator_loop_running_percent` and `aggregator_loop_waiting_for_cpu_percent`: the share of
+  the window the aggregator's event-loop thread ran, and was ready but waited for a CPU
+  (/proc schedstat); both together near 100 % say the loop, not the load, is the limit;
 - `settled`: false when `--settle-timeout` passed before every snapshot was acknowledged (or
   its stream failed); the window is measured anyway, beside `reports_sent_in_window`;
 - `streams_failed` (a stream that ended before the bench stopped it, by reason: RST_STREAM
@@ -145,6 +148,17 @@ def _proc_stat(pid: int) -> tuple[float, float]:
     cpu = (int(fields[11]) + int(fields[12])) / _TICKS
     rss = int(fields[21]) * _PAGE / 2**20
     return cpu, rss
+
+
+def _main_thread_ns(pid: int) -> tuple[int, int] | None:
+    """(ns running, ns runnable but waiting for a CPU) of a process's main thread, from
+    /proc/PID/task/PID/schedstat; None where the kernel does not keep it."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat", encoding="ascii") as fh:
+            running, waiting, _ = fh.read().split()
+    except (OSError, ValueError):
+        return None
+    return int(running), int(waiting)
 
 
 def _peak_rss_mib(pid: int) -> float:
@@ -336,11 +350,13 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         pipe.send((start, end))
     time.sleep(max(0.0, start - time.monotonic()))
     cpu0, _ = _proc_stat(server.pid or 0)
+    loop0 = _main_thread_ns(server.pid or 0)
     gen0 = sum(_proc_stat(proc.pid or 0)[0] for proc, _ in workers)
     parent.send("stats")
     stats0 = parent.recv()
     time.sleep(max(0.0, end - time.monotonic()))
     cpu1, rss = _proc_stat(server.pid or 0)
+    loop1 = _main_thread_ns(server.pid or 0)
     gen1 = sum(_proc_stat(proc.pid or 0)[0] for proc, _ in workers)
     peak = _peak_rss_mib(server.pid or 0)
     parent.send("stats")
@@ -382,6 +398,11 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         "p99_freshness_seconds": _quantile(samples, 0.99),
         "max_freshness_seconds": round(samples[-1], 4) if samples else None,
         "cpu_percent": round(100 * (cpu1 - cpu0) / args.duration, 1),
+        # The server's event-loop thread (all of grpc.aio and the state run on it): the share
+        # of the window it ran, and the share it was ready to run but waited for a CPU that
+        # other processes held. Together near 100 %: the loop was never idle, so it is the
+        # limit; a large wait: the machine's other work is.
+        **_loop_shares(loop0, loop1, args.duration),
         # the exporter processes together, over the same window: if it nears 100 % per core
         # the machine, not the aggregator, limits the load
         "generator_cpu_percent": round(100 * (gen1 - gen0) / args.duration, 1),
@@ -403,6 +424,17 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         }
         out["aggregator_p99_freshness_bucket_seconds"] = _bucket_quantile(window, 0.99)
     return out
+
+
+def _loop_shares(
+    before: tuple[int, int] | None, after: tuple[int, int] | None, seconds: float
+) -> dict[str, float | None]:
+    if before is None or after is None:
+        return {"loop_running_percent": None, "loop_waiting_for_cpu_percent": None}
+    return {
+        "loop_running_percent": round((after[0] - before[0]) / seconds / 1e7, 1),
+        "loop_waiting_for_cpu_percent": round((after[1] - before[1]) / seconds / 1e7, 1),
+    }
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -534,6 +566,8 @@ def run(args: argparse.Namespace) -> int:
         "aggregator_rss_mib": main["rss_mib"],
         "aggregator_cpu_percent": main["cpu_percent"],
         "generator_cpu_percent": main["generator_cpu_percent"],
+        "aggregator_loop_running_percent": main["loop_running_percent"],
+        "aggregator_loop_waiting_for_cpu_percent": main["loop_waiting_for_cpu_percent"],
         "streams_failed": main["streams_failed"],
         "errors": main["errors"],
         "freshness": "exporter send to the aggregator's ack, sent after the state applied it",
@@ -590,7 +624,9 @@ def _print(f: dict[str, Any]) -> None:
     print(
         f"  {f['reports_per_second']} reports/s ({f['deltas_per_second']} deltas/s, target "
         f"{f['target_deltas_per_second']}), p99 freshness {f['p99_freshness_seconds']} s, "
-        f"aggregator {f['aggregator_rss_mib']} MiB, {f['aggregator_cpu_percent']} % CPU, "
+        f"aggregator {f['aggregator_rss_mib']} MiB, {f['aggregator_cpu_percent']} % CPU "
+        f"(its loop ran {f['aggregator_loop_running_percent']} % of the time and waited for a "
+        f"CPU {f['aggregator_loop_waiting_for_cpu_percent']} %), "
         f"generator {f['generator_cpu_percent']} % CPU, {f['streams_failed']} streams failed "
         f"{main['streams_failed_by_code']}, {f['errors']} errors"
     )
