@@ -86,14 +86,14 @@ LEADER_POD_LABEL = "gputopo.io/role"
 # streams ended CANCELLED that way and the herd never settled. A call waits instead; keepalive
 # still finds dead peers, and no maximum connection age ever cuts a report stream.
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = (("grpc.server_max_unrequested_time_in_server", 600),)
-# How many gRPC servers share the port by default. grpc.aio takes one new call per server at a
-# time (a completion-queue round trip: a few loop turns), so while the loop is busy with the
-# nodes already connected, new ones are taken at tens per second per server. With 4, taking
-# calls costs at most 4 pending requests' bookkeeping and connections spread over 4 accept
-# queues (measured in README "Scale").
-GRPC_SERVERS = 4
 # The name kube-scheduler's own client certificate carries: the extender's one legitimate caller.
 DEFAULT_EXTENDER_CLIENTS = ("system:kube-scheduler",)
+# How many gRPC servers share the port by default. grpc.aio takes one new call per server at a
+# time (a completion-queue round trip: a few loop turns), so while the loop is busy with the
+# nodes already connected, new ones are taken at tens per second per server. A server costs a
+# listening socket and an accept task; past about 4 the loop's turns, not the servers, bound the
+# rate (scripts/bench_accept.py, README "Scale").
+GRPC_SERVERS = 4
 
 
 @dataclass(frozen=True, slots=True)
