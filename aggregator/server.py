@@ -67,6 +67,7 @@ from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
 __all__ = [
     "DEFAULT_EXTENDER_CLIENTS",
+    "GRPC_SERVERS",
     "SERVER_OPTIONS",
     "Aggregator",
     "AggregatorConfig",
@@ -96,6 +97,12 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 # The name kube-scheduler's own client certificate carries: the extender's one legitimate caller.
 DEFAULT_EXTENDER_CLIENTS = ("system:kube-scheduler",)
+# How many gRPC servers share the port by default. grpc.aio takes one new call per server at a
+# time (a completion-queue round trip: a few loop turns), so while the loop is busy with the
+# nodes already connected, new ones are taken at tens per second per server. A server costs a
+# listening socket and an accept task; past about 4 the loop's turns, not the servers, bound the
+# rate (scripts/bench_accept.py, README "Scale").
+GRPC_SERVERS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +127,11 @@ class AggregatorConfig:
 
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 0
+    # gRPC servers sharing the port (SO_REUSEPORT), each taking new calls on its own, the
+    # servicers (one state) shared: grpc.aio takes a server's new calls one at a time, a few
+    # event-loop turns each, so under load one server connects 20,000 exporters too slowly
+    # (`GRPC_SERVERS`).
+    grpc_servers: int = GRPC_SERVERS
     http_host: str = "127.0.0.1"
     http_port: int | None = None  # None: no HTTP endpoints
     # A node silent this long, with no report stream and no Node object, is forgotten (0: never).
@@ -284,7 +296,7 @@ class Aggregator:
             self.state,
             registry=self.registry,
             clock=clock,
-            ready=lambda: self._grpc is not None,
+            ready=lambda: bool(self._grpc),
             role=lambda: "leader" if self.leading else "follower",
             desired_labels=self._desired_labels,
             extra_routes=lambda app: add_placement_routes(
@@ -297,7 +309,7 @@ class Aggregator:
             ssl_context=ssl_server_context(config.tls) if config.tls else None,
             off_loop=self.placement.off_loop,
         )
-        self._grpc: grpc.aio.Server | None = None
+        self._grpc: list[grpc.aio.Server] = []  # sharing one port, or none before start
         # Root tasks: one that ends on its own ends the process (`gputopo aggregator`).
         self.tasks = Supervisor("aggregator")
         self._tasks: list[asyncio.Task[None]] = []
@@ -366,17 +378,24 @@ class Aggregator:
 
     async def start(self) -> None:
         """Bind and serve; returns once the servers accept connections."""
-        server = grpcio.server(
-            options=SERVER_OPTIONS,
-            interceptors=[RoleInterceptor(self.roles, self._holder_of)],
+        if self.config.grpc_servers < 1:
+            raise ValueError(f"grpc_servers must be at least 1, not {self.config.grpc_servers}")
+        roles = RoleInterceptor(self.roles, self._holder_of)
+        servers = []
+        for _ in range(self.config.grpc_servers):
+            server = grpcio.server(
+                options=SERVER_OPTIONS,
+                interceptors=[roles],
+                share_port=self.config.grpc_servers > 1,
+            )
+            rgrpc.add_ReporterServicer_to_server(self.reporter, server)
+            pgrpc.add_PlacementServicer_to_server(self.service, server)
+            servers.append(server)
+        self.grpc_port = grpcio.bind_shared(
+            servers, self.config.grpc_host, self.config.grpc_port, tls=self.config.tls
         )
-        rgrpc.add_ReporterServicer_to_server(self.reporter, server)
-        pgrpc.add_PlacementServicer_to_server(self.service, server)
-        self.grpc_port = grpcio.bind(
-            server, self.config.grpc_host, self.config.grpc_port, tls=self.config.tls
-        )
-        await server.start()
-        self._grpc = server
+        await asyncio.gather(*(server.start() for server in servers))
+        self._grpc = servers
         if self.config.http_port is not None:
             try:
                 self.http_port = await self.http.start(self.config.http_host, self.config.http_port)
@@ -385,8 +404,7 @@ class Aggregator:
                     self.health_port = await self.http.start_health(self.config.http_host, port)
             except OSError as err:  # the HTTP port is taken: stop the gRPC side, say which port
                 await self.http.stop()
-                await server.stop(0)
-                self._grpc = None
+                await self._stop_grpc(0)
                 address = f"{self.config.http_host}:{self.config.http_port}"
                 if self.http_port:
                     address = f"{self.config.http_host}:{self.config.health_port} (health)"
@@ -533,10 +551,14 @@ class Aggregator:
         else:
             await self._drop_writers()
         await self.http.stop()
-        if self._grpc is not None:
-            await self._grpc.stop(grace_s)
-            self._grpc = None
+        await self._stop_grpc(grace_s)
         self.placement.close()
+
+    async def _stop_grpc(self, grace_s: float) -> None:
+        """Stop every server sharing the port at once: all send GOAWAY together, and the
+        grace period is one for all of them, not one after the other."""
+        servers, self._grpc = self._grpc, []
+        await asyncio.gather(*(server.stop(grace_s) for server in servers))
 
     async def _drop_writers(self) -> None:
         writers, self._writers = self._writers, []

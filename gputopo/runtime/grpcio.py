@@ -12,11 +12,17 @@ caller's retries would all fail fast until the channel's timer ran out.
 
 Servers: thousands of exporters reconnect at once after a restart or a failover; Core cancels
 calls beyond its pending-request limit (1,000 by default) before the event loop can take them,
-so the limit is raised and they queue instead.
+so the limit is raised and they queue instead. And grpc.aio takes new calls from Core one at a
+time per server, each a completion-queue round trip through its poller thread: a few event-loop
+turns per call, so when the loop is busy (turns of milliseconds) a server accepts only tens of
+calls per second. `bind_shared` puts several servers of one process on one port (SO_REUSEPORT:
+the kernel spreads connections over their listeners), each taking calls on its own, with one
+state behind them; it checks first that no other process listens there.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Sequence
 
 import grpc
@@ -25,7 +31,7 @@ from gputopo.runtime.backoff import Backoff
 from gputopo.runtime.grpc_decode import UndecodableRequests
 from gputopo.runtime.tls import TlsFiles, channel_credentials, server_credentials
 
-__all__ = ["MAX_MESSAGE_BYTES", "MAX_REQUEST_BYTES", "bind", "channel", "server"]
+__all__ = ["MAX_MESSAGE_BYTES", "MAX_REQUEST_BYTES", "bind", "bind_shared", "channel", "server"]
 
 # What a client accepts: a GetTopology of a large cluster with every link stays below this.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -70,9 +76,12 @@ def server(
     *,
     options: Sequence[_Option] = (),
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    share_port: bool = False,
 ) -> grpc.aio.Server:
     """A server with the limits above; add servicers, then `bind` it and start it.
-    `interceptors` run inside the one that refuses undecodable requests."""
+    `interceptors` run inside the one that refuses undecodable requests. With `share_port`
+    its listener sets SO_REUSEPORT, for `bind_shared` (and only for it: the port's owner is
+    checked there)."""
     return grpc.aio.server(
         # bad request bytes: INVALID_ARGUMENT, no traceback
         interceptors=[UndecodableRequests(), *interceptors],
@@ -83,8 +92,9 @@ def server(
             ("grpc.server.max_pending_requests", 50_000),
             ("grpc.server.max_pending_requests_hard_limit", 100_000),
             # gRPC sets SO_REUSEPORT by default: a second server on a taken port would start,
-            # and the kernel would split clients between two states. One owner per port.
-            ("grpc.so_reuseport", 0),
+            # and the kernel would split clients between two states. One owner per port
+            # (`bind_shared` checks the owner before its servers share one).
+            ("grpc.so_reuseport", int(share_port)),
             *options,
         ],
     )
@@ -109,3 +119,49 @@ def bind(srv: grpc.aio.Server, host: str, port: int, *, tls: TlsFiles | None = N
     if bound == 0:
         raise OSError(f"cannot listen on {address} for gRPC: the port is in use or not ours")
     return bound
+
+
+def bind_shared(
+    servers: Sequence[grpc.aio.Server], host: str, port: int, *, tls: TlsFiles | None = None
+) -> int:
+    """Listen on host:port with every one of `servers` (port 0 picks a free one); returns the
+    bound port. More than one server must have been made with `share_port=True`.
+
+    The port must be free of other processes' listeners: checked with a plain bind first (the
+    listeners set SO_REUSEPORT, which would otherwise let a second aggregator start on the
+    first one's port and the kernel split exporters between two states). Raises OSError naming
+    the address when the port is taken or nothing could be bound.
+    """
+    if not servers:
+        raise ValueError("bind_shared needs at least one server")
+    if len(servers) == 1:
+        return bind(servers[0], host, port, tls=tls)
+    port = _free_port(host, port)
+    for srv in servers:
+        bind(srv, host, port, tls=tls)
+    return port
+
+
+def _free_port(host: str, port: int) -> int:
+    """`port` (or, for 0, one the kernel picks) after checking that nothing listens on it.
+
+    SO_REUSEADDR as gRPC's own listeners set it: connections of an earlier process still in
+    TIME_WAIT do not count, a listener does (Linux refuses the bind then)."""
+    address = f"{host}:{port}"
+    try:
+        infos = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        family, kind, proto, _, sockaddr = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # "[::]" takes IPv4 too, as gRPC's listener does
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            probe.bind(sockaddr)
+            bound: int = probe.getsockname()[1]
+            return bound
+    except OSError as err:
+        raise OSError(
+            f"cannot listen on {address} for gRPC: {err.strerror or err}"
+            " (the port is in use or not ours)"
+        ) from None

@@ -37,16 +37,26 @@ def _bench(*options: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _not_json(constant: str) -> float:
+    raise AssertionError(f"{constant} is not JSON: a figure not measured is null")
+
+
 def test_bench_ingest_prints_json_on_stdout_and_progress_on_stderr() -> None:
     out = _bench()
     assert out.returncode == 0, out.stderr
-    figures = json.loads(out.stdout)
+    figures = json.loads(out.stdout, parse_constant=_not_json)
     assert figures["nodes"] == 20
     assert figures["settled"] is True
     assert figures["errors"] == 0
     assert figures["streams_failed"] == 0
     assert figures["aggregator"]["snapshots_not_acked"] == 0
     assert figures["generator_cpu_percent"] > 0
+    # the loop thread's shares (schedstat): numbers that can be read beside the CPU figure
+    running = figures["aggregator_loop_running_percent"]
+    waiting = figures["aggregator_loop_waiting_for_cpu_percent"]
+    # read just outside the window's ends (a pipe round trip each), so a little over 100 % fits
+    assert 0 < running <= 105
+    assert waiting >= 0
     # 10 nodes per process in connections of 5: the streams really spread over connections
     assert figures["aggregator"]["channels"] == 4
     assert figures["aggregator"]["seconds_until_all_snapshots_acked"] is not None
@@ -64,7 +74,7 @@ def test_a_settle_timeout_that_passes_is_said_and_the_window_measured_anyway() -
     # nodes the timeout passed with 1,531 nodes not connected and the figures did not say so)
     out = _bench("--settle-timeout=0.001")
     assert out.returncode == 0, out.stderr
-    figures = json.loads(out.stdout)
+    figures = json.loads(out.stdout, parse_constant=_not_json)
     assert figures["settled"] is False
     main = figures["aggregator"]
     assert main["settled"] is False
@@ -73,6 +83,11 @@ def test_a_settle_timeout_that_passes_is_said_and_the_window_measured_anyway() -
     assert main["seconds_until_all_snapshots_acked"] is None
     assert figures["errors"] >= 20
     assert main["reports_sent_in_window"] == 0  # the ramp stopped: no node has a stream
+    # nothing was measured: null, not a 0 s (nor NaN) that reads as a figure
+    assert main["p50_freshness_seconds"] is None
+    assert main["max_freshness_seconds"] is None
+    assert figures["p99_freshness_seconds"] is None
+    assert figures["targets"]["p99_freshness_at_most_1s"] is False
     assert figures["targets"]["zero_streams_failed"] is False
 
 

@@ -54,6 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="gRPC port, 0 for any free one (default %(default)s)",
     )
     parser.add_argument(
+        "--grpc-servers",
+        type=int,
+        default=4,
+        metavar="N",
+        help="gRPC servers sharing the port, each taking new calls on its own: a herd of"
+        " reconnecting exporters is taken N at a time (default %(default)s)",
+    )
+    parser.add_argument(
         "--http-port",
         type=int,
         default=8080,
@@ -364,6 +372,12 @@ def run(args: argparse.Namespace) -> int:
     if (problem := heap_problem(args.heap_freeze, args.heap_full_collection)) is not None:
         print(f"gputopo aggregator: {problem}", file=sys.stderr)
         return 2
+    if args.grpc_servers < 1:
+        print(
+            f"gputopo aggregator: --grpc-servers must be at least 1, not {args.grpc_servers}",
+            file=sys.stderr,
+        )
+        return 2
     config = AggregatorConfig(
         heap_freeze_s=args.heap_freeze,
         heap_full_collection_s=args.heap_full_collection,
@@ -381,6 +395,7 @@ def run(args: argparse.Namespace) -> int:
         max_nodes=args.max_nodes,
         grpc_host=args.host,
         grpc_port=args.grpc_port,
+        grpc_servers=args.grpc_servers,
         http_host=args.host,
         http_port=args.http_port,
         stale_after_s=args.stale_after,
