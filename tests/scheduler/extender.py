@@ -69,9 +69,18 @@ def recorded_scheduler(kube: KubeApiServer, workdir: Path, name: str, url: str) 
     """A kube-scheduler whose only extender is `url`: asked about every pod, filter only."""
     config = scheduler_config(str(kube.kubeconfig_path), name=name, qps=500)
     config["percentageOfNodesToScore"] = 100
-    # Interested in every pod (no managedResources), filter only, node names only.
+    # Interested in every pod (no managedResources), filter only, node names only. The call
+    # waits up to 60 s, not kube-scheduler's 5 s default: on a starved machine (make test at
+    # nice 19 beside busy work) this Python extender answered after more than 5 s, and
+    # kube-scheduler then reports the timeout instead of its filters' message.
     config["extenders"] = [
-        {"urlPrefix": url, "filterVerb": "filter", "nodeCacheCapable": True, "weight": 1}
+        {
+            "urlPrefix": url,
+            "filterVerb": "filter",
+            "nodeCacheCapable": True,
+            "weight": 1,
+            "httpTimeout": "60s",
+        }
     ]
     proc, _ = start_kube_scheduler(find_scheduler(), config, workdir, name=name)
     try:

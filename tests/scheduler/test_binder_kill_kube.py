@@ -50,6 +50,10 @@ REPAIR_S = TTL_S + 10.0
 STEP_PAUSE_S = 0.15
 
 
+# What the binder logs once it serves (scheduler/server.py), before it binds anything.
+UP_LINE = "metrics and probes on"
+
+
 def _binder(kube: KubeApiServer, target: str, name: str, log: Path) -> subprocess.Popen[bytes]:
     args = [
         sys.executable,
@@ -153,7 +157,18 @@ def test_partial_gangs_and_double_booked_gpus_after_kill_9_over_50_gang_bindings
                 try:
                     # Kill at random points until every gang has been bound once (or 150 s).
                     while time.monotonic() - began < 150:
+                        up = log.read_text().count(UP_LINE) if log.exists() else 0
                         proc = _binder(kube_apiserver, agg.grpc_target, name, log)
+                        # The random point counts from when this binder serves, not from its
+                        # spawn: on a starved machine the start alone took longer than 2.5 s,
+                        # so every kill landed before any binding ("no kill landed inside a
+                        # gang"). Waiting for the line keeps the kills where they mean something
+                        # whatever the machine's speed.
+                        started = time.monotonic()
+                        while log.read_text().count(UP_LINE) <= up and proc.poll() is None:
+                            if time.monotonic() - started > 60:
+                                break
+                            await asyncio.sleep(0.1)
                         await asyncio.sleep(rng.uniform(0.8, 2.5))
                         proc.send_signal(signal.SIGKILL)
                         await asyncio.to_thread(proc.wait)
