@@ -143,8 +143,10 @@ def test_a_zero_base_has_no_ratio_and_is_not_listed() -> None:
 # in a file, and reads a figure that alternates between runs; the branch side is slower in one.
 FAKE_BENCH = """
 import json, os, pathlib, sys
-base = pathlib.Path.cwd() == pathlib.Path(os.environ["FAKE_BASE"])
+base = pathlib.Path.cwd().name == "base"  # the base checkout or its A/A copy
 if base:
+    with open(os.environ["FAKE_PATHS"], "a") as seen:
+        seen.write(str(pathlib.Path.cwd()) + "\\n")
     counter = pathlib.Path(os.environ["FAKE_COUNTER"])
     n = int(counter.read_text()) + 1 if counter.exists() else 1
     counter.write_text(str(n))
@@ -162,7 +164,8 @@ def test_interleaved_runs_with_aa_end_to_end(tmp_path: Path) -> None:
     fake = tmp_path / "fake_bench.py"
     fake.write_text(FAKE_BENCH)
     counter = tmp_path / "count"
-    env = {**os.environ, "FAKE_BASE": str(base), "FAKE_COUNTER": str(counter)}
+    paths = tmp_path / "paths"
+    env = {**os.environ, "FAKE_COUNTER": str(counter), "FAKE_PATHS": str(paths)}
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--base", str(base), "--rounds", "2", "--aa",
          "--script", str(fake)],
@@ -172,6 +175,12 @@ def test_interleaved_runs_with_aa_end_to_end(tmp_path: Path) -> None:
     # Two base runs a round: base, branch, base again, the roles of the two swapping per round
     # (runs 1 and 4 count as the base, 2 and 3 as its A/A twin).
     assert counter.read_text() == "4"
+    # The A/A twin is a copy of the base at another path, removed after the run.
+    where = paths.read_text().split()
+    assert where[0] == str(base)
+    assert where[1] != str(base)
+    assert where.count(str(base)) == 2
+    assert not Path(where[1]).exists()
     assert len(out["load_1_5_15"]["start"]) == len(out["load_1_5_15"]["end"]) == 3
     figures = out["figures"]
     assert figures["steady"] == {"base": 5.0, "branch": 5.0, "ratio": 1.0, "aa": 1.0,
