@@ -38,12 +38,13 @@ from importlib import resources
 
 from gputopo.cluster import ClusterSnapshot, NodeState
 from gputopo.machines import load_machine, with_gpu_fabric
-from gputopo.request import Scope
+from gputopo.request import PlacementRequest, Scope, request_from_mapping
 from gputopo.topology import FabricPosition, NodeTopology
 
 __all__ = [
     "GANG_SHARE",
     "LAYOUTS",
+    "SHAPES",
     "Job",
     "Layout",
     "Occupancy",
@@ -51,7 +52,11 @@ __all__ = [
     "empty_snapshot",
     "job_mix",
     "sample_job",
+    "shape_request",
 ]
+
+# The request shapes `gputopo bench placement` times (`--shapes`) and `shape_request` builds.
+SHAPES = ("tp8", "gang64", "gang512", "pd")
 
 # Share of the occupied GPUs that belong to multi-node LLM gangs (Kalos) rather than to
 # single-node pods (openb), when filling a cluster.
@@ -345,3 +350,46 @@ class _Overlay:
 
     def __setitem__(self, name: str, value: set[int]) -> None:
         self.changed[name] = value
+
+
+def shape_request(shape: str, per_pod: int) -> PlacementRequest:
+    """The request of one of the benchmark's `SHAPES` for nodes of `per_pod` GPUs (a tray of
+    four on NVL72-style nodes, a whole node of eight otherwise)."""
+    tray = per_pod < 8
+    data: dict[str, object]
+    if shape == "tp8":
+        pods, per = (2, 4) if tray else (1, 8)
+        data = {
+            "job": "tp8",
+            "groups": [
+                {"name": "tp", "pods": pods, "gpus_per_pod": per, "scope": {"required": "nvlink"}}
+            ],
+        }
+    elif shape in ("gang64", "gang512"):
+        gpus = 64 if shape == "gang64" else 512
+        per = 4 if tray else 8
+        data = {
+            "job": shape,
+            "scope": {"preferred": "leaf" if gpus == 64 else "spine"},
+            "groups": [{"name": "train", "pods": gpus // per, "gpus_per_pod": per}],
+        }
+    elif shape == "pd":
+        data = {
+            "job": "pd",
+            "groups": [
+                {"name": "prefill", "replicas": 2, "gpus_per_pod": 4},
+                {"name": "decode", "replicas": 2, "gpus_per_pod": 4},
+            ],
+            "edges": [
+                {
+                    "from": "prefill",
+                    "to": "decode",
+                    "transfer_bytes": 3_000_000_000,
+                    "max_transfer_seconds": 0.01,
+                    "pairing": "one_to_one",
+                }
+            ],
+        }
+    else:
+        raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+    return request_from_mapping(data)

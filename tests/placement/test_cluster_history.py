@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import gc
 import weakref
-from typing import Any
 
 from gputopo.cluster import ClusterSnapshot
 from gputopo.placement import POLICIES, clear_caches, gang, kueue, place
 from gputopo.placement.result import PlacementResult
-from gputopo.request import PlacementRequest, request_from_mapping
-from gputopo.sim.scenarios import Occupancy, build_nodes, empty_snapshot
+from gputopo.request import PlacementRequest
+from gputopo.sim.scenarios import Occupancy, build_nodes, empty_snapshot, shape_request
 
 LAYOUTS = ("dgx-h100", "nvl72", "mixed")
 GPUS = 1000  # the bench's small size: a few ms a decision
@@ -32,34 +31,7 @@ CHURNS = 3
 
 def _requests(per_pod: int) -> list[PlacementRequest]:
     """The bench's shapes (`tp8`, `gang64`, `pd`) for nodes of `per_pod` GPUs."""
-    pods, per = (2, 4) if per_pod < 8 else (1, 8)
-    shapes: list[dict[str, Any]] = [
-        {
-            "groups": [
-                {"name": "tp", "pods": pods, "gpus_per_pod": per, "scope": {"required": "nvlink"}}
-            ]
-        },
-        {
-            "scope": {"preferred": "leaf"},
-            "groups": [{"name": "g", "pods": 64 // per, "gpus_per_pod": per}],
-        },
-        {
-            "groups": [
-                {"name": "prefill", "replicas": 2, "gpus_per_pod": 4},
-                {"name": "decode", "replicas": 2, "gpus_per_pod": 4},
-            ],
-            "edges": [
-                {
-                    "from": "prefill",
-                    "to": "decode",
-                    "transfer_bytes": 3_000_000_000,
-                    "max_transfer_seconds": 0.01,
-                    "pairing": "one_to_one",
-                }
-            ],
-        },
-    ]
-    return [request_from_mapping(s) for s in shapes]
+    return [shape_request(shape, per_pod) for shape in ("tp8", "gang64", "pd")]
 
 
 def _decide(layout: str, kept: list[weakref.ref[object]]) -> list[PlacementResult]:

@@ -58,11 +58,15 @@ from typing import Any
 
 HELP = "placement latency, quality vs optimal and fragmentation, every policy side by side"
 
-SHAPES = ("tp8", "gang64", "gang512", "pd")
 # Exhaustive assignments allowed per quality instance; larger instances are skipped and counted.
 QUALITY_MAX_TRIALS = 20_000
 # Nodes in each cluster of large PCIe servers.
 PCIE_NODES = 8
+
+
+# gputopo.sim.scenarios.SHAPES, written here so that building the CLI does not load the
+# simulation (and numpy); tests/test_bench_placement_shapes.py holds the two equal.
+SHAPES = ("tp8", "gang64", "gang512", "pd")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -138,49 +142,6 @@ def _percentile(values: Sequence[float], q: float) -> float:
         return math.nan
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return ordered[rank - 1]
-
-
-def _request(shape: str, per_pod: int) -> Any:
-    from gputopo.request import request_from_mapping
-
-    tray = per_pod < 8
-    data: dict[str, Any]
-    if shape == "tp8":
-        pods, per = (2, 4) if tray else (1, 8)
-        data = {
-            "job": "tp8",
-            "groups": [
-                {"name": "tp", "pods": pods, "gpus_per_pod": per, "scope": {"required": "nvlink"}}
-            ],
-        }
-    elif shape in ("gang64", "gang512"):
-        gpus = 64 if shape == "gang64" else 512
-        per = 4 if tray else 8
-        data = {
-            "job": shape,
-            "scope": {"preferred": "leaf" if gpus == 64 else "spine"},
-            "groups": [{"name": "train", "pods": gpus // per, "gpus_per_pod": per}],
-        }
-    elif shape == "pd":
-        data = {
-            "job": "pd",
-            "groups": [
-                {"name": "prefill", "replicas": 2, "gpus_per_pod": 4},
-                {"name": "decode", "replicas": 2, "gpus_per_pod": 4},
-            ],
-            "edges": [
-                {
-                    "from": "prefill",
-                    "to": "decode",
-                    "transfer_bytes": 3_000_000_000,
-                    "max_transfer_seconds": 0.01,
-                    "pairing": "one_to_one",
-                }
-            ],
-        }
-    else:
-        raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
-    return request_from_mapping(data)
 
 
 def _feasible(result: Any) -> bool:
@@ -260,7 +221,7 @@ def _latency(
     args: argparse.Namespace, worse: _Worse, log: Any, snapshots: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     from gputopo.placement import POLICIES, place
-    from gputopo.sim.scenarios import Occupancy, build_nodes, empty_snapshot
+    from gputopo.sim.scenarios import Occupancy, build_nodes, empty_snapshot, shape_request
 
     sizes = [int(s) for s in args.sizes.split(",") if s]
     samples = [int(s) for s in args.samples.split(",") if s]
@@ -282,7 +243,7 @@ def _latency(
                 file=log,
             )
             for shape in shapes:
-                request = _request(shape, per_pod)
+                request = shape_request(shape, per_pod)
                 cells = {name: _Cell() for name in POLICIES}
                 for k in range(count):
                     snap = occupancy.churn()
