@@ -65,6 +65,18 @@ def own_connection(target: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
 
 
+async def snapshot_streams(
+    channels: list[grpc.aio.Channel],
+) -> list[grpc.aio.StreamStreamCall[rpb.ReportRequest, rpb.ReportResponse]]:
+    """One Report stream per channel, node `n<i>`, each having sent its snapshot."""
+    calls = []
+    for i, channel in enumerate(channels):
+        call = rgrpc.ReporterStub(channel).Report()
+        await call.write(snapshot_msg(1, name=f"n{i}"))
+        calls.append(call)
+    return calls
+
+
 def test_the_default_is_several_servers_listening_on_one_port() -> None:
     assert GRPC_SERVERS > 1
 
@@ -86,11 +98,7 @@ def test_nodes_on_many_connections_land_in_the_one_state() -> None:
         await agg.start()
         channels = [own_connection(agg.grpc_target) for _ in range(16)]
         try:
-            calls = []
-            for i, channel in enumerate(channels):
-                call = rgrpc.ReporterStub(channel).Report()
-                await call.write(snapshot_msg(1, name=f"n{i}"))
-                calls.append(call)
+            calls = await snapshot_streams(channels)
             answers = [await call.read() for call in calls]
             assert all(isinstance(a, rpb.ReportResponse) for a in answers)
             assert [a.status for a in answers if isinstance(a, rpb.ReportResponse)] == [
@@ -151,12 +159,11 @@ def test_stop_ends_the_streams_of_every_server_and_frees_the_port() -> None:
         port = agg.grpc_port
         channels = [own_connection(agg.grpc_target) for _ in range(12)]
         try:
-            calls = []
-            for i, channel in enumerate(channels):
-                call = rgrpc.ReporterStub(channel).Report()
-                await call.write(snapshot_msg(1, name=f"n{i}"))
-                assert (await call.read()).status == ACCEPTED  # type: ignore[union-attr]
-                calls.append(call)
+            calls = await snapshot_streams(channels)
+            for call in calls:
+                answer = await call.read()
+                assert isinstance(answer, rpb.ReportResponse)
+                assert answer.status == ACCEPTED
             await agg.stop(grace_s=0.1)
             # every stream ends, whichever server held it: none waits past the grace period
             codes = [await end_code(call) for call in calls]
