@@ -82,12 +82,12 @@ chromium:
 # runs only them: with $(PYTHON) as it is when it already has what they import (GPU images ship
 # pynvml, cuda-bindings, pytest and often no package index), else in .venv with the cuda extra.
 GPU_TESTS := tests/gpu
-GPU_NEEDS := import pynvml, pytest, pytest_timeout, hypothesis, yaml
+GPU_NEEDS := import pynvml, pytest, pytest_timeout, hypothesis, yaml, kubernetes
 override PYTEST_ARGS += -m "not gpu"
 test-gpu:
 	@if $(PYTHON) -c '$(GPU_NEEDS)' 2>/dev/null; then \
 	  echo "test-gpu: $$($(PYTHON) -c 'import sys; print(sys.executable)') with its own packages"; \
-	  PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -p no:cacheprovider -m gpu $(GPU_TESTS) $(GPU_PYTEST_ARGS); \
+	  PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m pytest -p no:cacheprovider -m gpu $(GPU_TESTS) $(GPU_PYTEST_ARGS); \
 	else \
 	  $(MAKE) setup && \
 	  $(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[cuda]' && \
