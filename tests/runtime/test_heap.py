@@ -116,3 +116,33 @@ def test_run_steps_once_per_interval() -> None:
         return heap.stats().freezes
 
     assert looptime.run(scenario()) == 3
+
+
+def test_run_freezes_what_a_full_collection_of_the_interpreter_left() -> None:
+    """A full collection the interpreter makes (here gc.collect) is followed, on the loop, by a
+    freeze of its survivors; the callback is gone once the task ends."""
+    heap = LongLivedHeap(freeze_every_s=3600.0)
+    callbacks = len(gc.callbacks)
+
+    async def scenario() -> tuple[int, int, int]:
+        task = asyncio.create_task(heap.run())
+        await asyncio.sleep(0)  # the task registers its callback
+        survivors = [[i] for i in range(1000)]
+        young = gc.get_freeze_count()
+        gc.collect(1)  # not a full collection: nothing to freeze after it
+        await asyncio.sleep(0)
+        after_young = heap.stats().after_collection
+        gc.collect(2)
+        gc.collect(2)  # two before the loop turns: one freeze scheduled
+        await asyncio.sleep(0)
+        frozen = gc.get_freeze_count() - young
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert len(survivors) == 1000
+        return after_young, heap.stats().after_collection, frozen
+
+    after_young, after_full, frozen = asyncio.run(scenario())
+    assert (after_young, after_full) == (0, 1)
+    assert frozen >= 1000
+    assert heap.stats().freezes == 1
+    assert len(gc.callbacks) == callbacks
