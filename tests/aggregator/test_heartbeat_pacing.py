@@ -69,6 +69,9 @@ def test_a_node_told_20_s_is_stale_after_six_of_them_not_before() -> None:
                 assert isinstance(ack, rpb.ReportResponse)
                 assert ack.heartbeat_interval.ToNanoseconds() == 20 * 10**9
                 assert agg.state.stale_after_s == 120.0
+                sample = agg.registry.get_sample_value
+                assert sample("gputopo_aggregator_heartbeat_interval_seconds") == 20.0
+                assert sample("gputopo_aggregator_stale_after_seconds") == 120.0
 
                 now[0] += 100  # silent 5 of the intervals it was told: not stale
                 assert agg.state.stale_nodes() == []
