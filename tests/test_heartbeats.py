@@ -32,6 +32,8 @@ INTERVALS = [
     pytest.param(IntervalCase(10_000_000, 1000, MAX_INTERVAL_S), id="capped"),
     pytest.param(IntervalCase(1000, 1000, 90.0, base_s=90.0), id="never below the base"),
     pytest.param(IntervalCase(3000, 200, 15.0), id="a smaller budget paces sooner"),
+    pytest.param(IntervalCase(10, 1000, 0.2, base_s=0.2), id="a sub-second base within budget"),
+    pytest.param(IntervalCase(300, 1000, 1.0, base_s=0.2), id="a sub-second base past budget"),
 ]
 
 
