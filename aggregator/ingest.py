@@ -25,6 +25,9 @@ Contract, per message:
   counted (`reports_rejected{field}`, `streams_refused`). (Reads stay in the handler's own task:
   racing a read against another event from a second task loses messages in grpc.aio under
   load.)
+- Every acknowledgement carries the heartbeat interval the aggregator wants now
+  (`gputopo.heartbeats`: the configured one, or longer with many live streams, so heartbeats
+  stay under `max_heartbeats_per_second`); `pace()` moves it, once per housekeeping tick.
 - Every message is acknowledged; acknowledgements carry probe targets when it is the node's
   turn (`aggregator.probes`), and peer probe results in deltas feed the probe inference.
   Every message states the node's probe address (as `exporter.stream` sends it); an empty
@@ -60,6 +63,7 @@ from gputopo.codec import (
 )
 from gputopo.delta import DeltaError
 from gputopo.gpu_use import GpuUse
+from gputopo.heartbeats import DEFAULT_MAX_HEARTBEATS_PER_SECOND, HeartbeatPacer
 from gputopo.runtime.identity import node_of_peer, report_denial
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
@@ -107,6 +111,7 @@ class IngestStats:
     refused: int = 0
     streams: int = 0
     ghosts: int = 0  # nodes forgotten: silent, no stream, no Node object (the server's count)
+    heartbeat_interval_s: float = 0.0  # what acknowledgements announce now
     freshness_buckets: list[int] = field(default_factory=lambda: [0] * len(FRESHNESS_BUCKETS))
     freshness_count: int = 0
     freshness_sum: float = 0.0
@@ -147,6 +152,8 @@ class ReporterService(rgrpc.ReporterServicer):
         state: ClusterState,
         *,
         heartbeat_interval_s: float = 5.0,
+        stale_after_s: float = 30.0,
+        max_heartbeats_per_second: float = DEFAULT_MAX_HEARTBEATS_PER_SECOND,
         probes: ProbeCoordinator | None = None,
         stats: IngestStats | None = None,
         wall_clock: Callable[[], float] = time.time,
@@ -161,11 +168,18 @@ class ReporterService(rgrpc.ReporterServicer):
         # Node identity (gputopo.runtime.identity): a certificate naming a node may report only
         # that node; with `require_node_identity`, a stream without one may report nothing.
         self._require_identity = require_node_identity
-        self._heartbeat = Duration()
-        self._heartbeat.FromNanoseconds(int(heartbeat_interval_s * 1e9))
         self._probes = probes
         self.stats = stats or IngestStats()
         self._wall = wall_clock
+        # The interval every ack announces, and the staleness it implies (`pace`).
+        self.pacer = HeartbeatPacer(
+            base_s=heartbeat_interval_s,
+            stale_after_s=stale_after_s,
+            max_per_second=max_heartbeats_per_second,
+            clock=wall_clock,
+        )
+        self._heartbeat = Duration()
+        self._announce()
         self._claims: dict[str, _Claim] = {}
 
     async def Report(  # noqa: N802 - gRPC method name
@@ -262,6 +276,25 @@ class ReporterService(rgrpc.ReporterServicer):
             return await self._tokens.node_of(token), None
         except IdentityError as err:
             return None, str(err)
+
+    def pace(self) -> float:
+        """Move the announced heartbeat interval to the live streams (`gputopo.heartbeats`);
+        returns the staleness threshold it implies now. Called once per housekeeping tick, so
+        an acknowledgement only copies a ready Duration."""
+        if self.pacer.update(len(self._claims)):
+            self._announce()
+            log.info(
+                "heartbeat interval now %g s for %d live report streams (at most %g/s)",
+                self.pacer.interval_s,
+                len(self._claims),
+                self.pacer.max_per_second,
+            )
+        return self.pacer.stale_after_s
+
+    def _announce(self) -> None:
+        self._heartbeat = Duration()
+        self._heartbeat.FromNanoseconds(round(self.pacer.interval_s * 1e9))
+        self.stats.heartbeat_interval_s = self.pacer.interval_s
 
     @property
     def live_nodes(self) -> frozenset[str]:

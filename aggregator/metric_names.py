@@ -56,6 +56,17 @@ REPORT_FRESHNESS = histogram(
     prefix=_P,
 )
 STREAMS = gauge("streams", "Open report streams.", prefix=_P)
+HEARTBEAT_INTERVAL = gauge(
+    "heartbeat_interval_seconds",
+    "The heartbeat interval acknowledgements announce now: the configured one, or longer with"
+    " many report streams (--max-heartbeats-per-second).",
+    prefix=_P,
+)
+STALE_AFTER = gauge(
+    "stale_after_seconds",
+    "Seconds of silence after which a node is stale now (follows the heartbeat interval).",
+    prefix=_P,
+)
 STREAMS_SUPERSEDED = counter(
     "streams_superseded",
     "Report streams replaced by a newer stream for the same node.",

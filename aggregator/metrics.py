@@ -143,6 +143,8 @@ class AggregatorCollector(Collector):
             names.REPORT_FRESHNESS, buckets=buckets, sum_value=stats.freshness_sum
         )
         yield family(names.STREAMS, value=stats.streams)
+        yield family(names.HEARTBEAT_INTERVAL, value=stats.heartbeat_interval_s)
+        yield family(names.STALE_AFTER, value=self.sources.state.stale_after_s)
         yield family(names.STREAMS_SUPERSEDED, value=stats.superseded)
         yield family(names.STREAMS_REFUSED, value=stats.refused)
         yield family(names.NODES_FORGOTTEN, value=stats.ghosts)

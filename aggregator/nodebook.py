@@ -15,6 +15,9 @@ book and the snapshot cache). It owns:
    looks only at the entries older than the cut-off, re-queueing those that reported since
    (at a heartbeat every 10 s and 30 s to go stale, a node is looked at every 30 s, not every
    tick). Reports do not touch the heap (they only note a clock that went back).
+   `stale_after_s` moves with the paced heartbeat interval (`gputopo.heartbeats`, set by the
+   server each tick): a longer threshold re-checks the nodes found stale, a shorter one only
+   lets more entries pass the cut-off, so the sweep needs nothing more.
 3. **The merged fabric position.** A node's topology as placement sees it is what its exporter
    reported with the fabric position replaced by the merge of every inter-node source
    (`aggregator.fabric`: inventory, NVML, labels written by others, probes) and no link faster

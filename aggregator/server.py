@@ -53,6 +53,7 @@ from gputopo.core import (
     MAX_RESERVATION_TTL_S,
     PlacementCore,
 )
+from gputopo.heartbeats import DEFAULT_MAX_HEARTBEATS_PER_SECOND
 from gputopo.inventory import Inventory, inventory_labels, inventory_topologies, load_inventory
 from gputopo.placement import intranode
 from gputopo.reservations import INVENTORY_OWNER, Reservation, new_reservation_id
@@ -145,6 +146,9 @@ class AggregatorConfig:
     health_port: int | None = None
     stale_after_s: float = 30.0
     heartbeat_interval_s: float = 5.0
+    # Lengthen the announced heartbeat interval so that live streams send at most this many
+    # heartbeats a second, staleness following it (`gputopo.heartbeats`); 0: always the above.
+    max_heartbeats_per_second: float = DEFAULT_MAX_HEARTBEATS_PER_SECOND
     reservation_ttl_s: float = DEFAULT_RESERVATION_TTL_S
     max_reservation_ttl_s: float = MAX_RESERVATION_TTL_S
     housekeeping_interval_s: float = 1.0
@@ -209,6 +213,8 @@ class Aggregator:
         self.reporter = ReporterService(
             self.state,
             heartbeat_interval_s=config.heartbeat_interval_s,
+            stale_after_s=config.stale_after_s,
+            max_heartbeats_per_second=config.max_heartbeats_per_second,
             probes=self.probes,
             wall_clock=clock,
             require_node_identity=config.require_node_identity,
@@ -494,9 +500,15 @@ class Aggregator:
 
     async def _housekeep(self) -> None:
         last_inference = self.clock()
+        paced_stale_s = self.config.stale_after_s
         while True:
             await asyncio.sleep(self.config.housekeeping_interval_s)
             expired = self.state.expire()
+            # The heartbeat interval follows the live streams, staleness the interval (set only
+            # when pacing moves it: a threshold set on the state by hand stays until then).
+            paced = self.reporter.pace()
+            if paced != paced_stale_s:
+                self.state.stale_after_s = paced_stale_s = paced
             flipped = self.state.check_stale()
             if intranode.pending_refinements():  # in-node answers the budget cut short
                 await self.placement.off_loop(intranode.refine)

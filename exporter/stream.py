@@ -8,6 +8,11 @@ with `add_peer_probes` travel in the next Delta's `peer_probes` (a Delta without
 changes when there are none). What the kubelet says is held (`gpu_use()`, when given) goes in
 every snapshot and in the next Delta after it changes.
 
+Heartbeats are paced by the aggregator: every ack may carry `heartbeat_interval`, and the wait
+before the next heartbeat is the last one heard (clamped to `HEARTBEAT_RANGE_S`; zero or absent
+keeps the configured interval). An aggregator with many nodes asks for fewer heartbeats
+(`gputopo.heartbeats`) and marks a node stale only after the same multiple of what it asked.
+
 Failure handling: any stream error (aggregator down, restarted, unreachable) closes the stream;
 the next attempt waits a jittered exponential backoff (full jitter, capped) and starts again
 with a snapshot, so nothing the aggregator missed is lost. The backoff resets after the first
@@ -45,7 +50,14 @@ from gputopo.topology import Measurement, NodeTopology
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
-__all__ = ["REPORT_BACKOFF", "ProbeTarget", "ReportStream", "StreamStats", "report_channel"]
+__all__ = [
+    "HEARTBEAT_RANGE_S",
+    "REPORT_BACKOFF",
+    "ProbeTarget",
+    "ReportStream",
+    "StreamStats",
+    "report_channel",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +67,10 @@ log = logging.getLogger(__name__)
 # jittered over [cap/2, cap], each exporter still tries at most once every 1.5 s.
 REPORT_BACKOFF = Backoff(base_s=0.5, cap_s=3.0)
 _DEFAULT_BACKOFF = REPORT_BACKOFF
+# What an announced heartbeat interval is clamped to: a zero or garbled one would have every
+# node flood the aggregator, past five minutes a dead node goes unnoticed for half an hour. The
+# floor is 0.1 s, not 1 s: tests and demos run aggregators that ask for 0.2 s on purpose.
+HEARTBEAT_RANGE_S = (0.1, 300.0)
 
 
 def report_channel(
@@ -119,7 +135,10 @@ class ReportStream:
         self._gpu_use = gpu_use or (lambda: None)
         self._sent_use: GpuUse | None = None
         self._stub = rgrpc.ReporterStub(channel)
-        self._heartbeat_s = heartbeat_interval_s
+        self._configured_s = heartbeat_interval_s
+        self._heartbeat_s = heartbeat_interval_s  # the aggregator's, once an ack says it
+        self._paced = asyncio.Event()  # the reader heard a new interval: wait anew
+        self._told_bad_interval = False
         self._backoff = backoff
         self._probe_address = probe_address
         self._rng = rng or random.Random()
@@ -132,6 +151,11 @@ class ReportStream:
         self._peer_probes: dict[str, Measurement] = {}
         self.stats = StreamStats()
         self.acked = asyncio.Event()  # set after the first ack of each connection
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        """The silence after which the stream sends a heartbeat, now."""
+        return self._heartbeat_s
 
     def use_channel(self, channel: grpc.aio.Channel) -> None:
         """Report over `channel` from the next connection on (a renewed client certificate);
@@ -204,25 +228,69 @@ class ReportStream:
                 msg = self._next_message(sent, current)
                 sent = current
                 await call.write(msg)
+                sent_at = time.monotonic()
                 self.stats.connected = True
                 self._wake.clear()
                 waiter = asyncio.create_task(self._wake.wait())
                 try:
-                    done, _ = await asyncio.wait(
-                        {waiter, reader},
-                        timeout=self._heartbeat_s,
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
+                    if await self._wait_for_silence(sent_at, waiter, reader):
+                        return
                 finally:  # also when the stream is cancelled mid-wait: no task left pending
                     waiter.cancel()
-                if reader in done:
-                    reader.result()  # raises when the stream failed
-                    return
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
                 await reader
             call.cancel()
+
+    async def _wait_for_silence(
+        self, sent_at: float, waiter: asyncio.Task[bool], reader: asyncio.Task[None]
+    ) -> bool:
+        """Wait until the next message is due: woken (`changed`, probes, RESYNC) or the
+        heartbeat interval after `sent_at` passed, measured with the interval heard last (an
+        ack that arrives meanwhile may move it). True when the stream ended instead."""
+        while True:
+            self._paced.clear()  # before reading the interval: a change after it wakes us
+            left = sent_at + self._heartbeat_s - time.monotonic()
+            if left <= 0:
+                return False
+            paced = asyncio.create_task(self._paced.wait())
+            try:
+                done, _ = await asyncio.wait(
+                    {waiter, reader, paced}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                paced.cancel()
+            if reader in done:
+                reader.result()  # raises when the stream failed
+                return True
+            if waiter in done or not done:
+                return False
+
+    def _obey(self, seconds: float) -> None:
+        """Take the interval an ack announced: 0 means the configured one; one outside
+        `HEARTBEAT_RANGE_S` is clamped, and said once (a misconfigured aggregator would
+        otherwise fill the log at every ack)."""
+        low, high = HEARTBEAT_RANGE_S
+        if seconds == 0:
+            wanted = self._configured_s
+        elif not low <= seconds <= high:  # also NaN-free: a Duration is whole numbers
+            wanted = min(max(seconds, low), high)
+            if not self._told_bad_interval:
+                self._told_bad_interval = True
+                log.warning(
+                    "the aggregator asked %s for a heartbeat every %g s; using %g s (%g..%g s)",
+                    self.node_name,
+                    seconds,
+                    wanted,
+                    low,
+                    high,
+                )
+        else:
+            wanted = seconds
+        if wanted != self._heartbeat_s:
+            self._heartbeat_s = wanted
+            self._paced.set()
 
     def _next_message(self, sent: NodeTopology | None, current: NodeTopology) -> rpb.ReportRequest:
         """A snapshot (first, after RESYNC, or when a delta cannot say it), else delta or beat."""
@@ -260,6 +328,9 @@ class ReportStream:
             if resp is grpc.aio.EOF:
                 return
             assert isinstance(resp, rpb.ReportResponse)
+            if resp.HasField("heartbeat_interval"):
+                every = resp.heartbeat_interval
+                self._obey(every.seconds + every.nanos / 1e9)
             if resp.probe_targets and self._on_probe_targets is not None:
                 self._on_probe_targets(
                     tuple(ProbeTarget(t.node_name, t.address) for t in resp.probe_targets)

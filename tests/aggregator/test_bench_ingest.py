@@ -65,6 +65,11 @@ def test_bench_ingest_prints_json_on_stdout_and_progress_on_stderr() -> None:
     # deltas sent as pre-encoded messages are applied and acknowledged; half, not all: under
     # load a node's sleeps drift and its second delta can fall outside a 2 s window
     assert figures["aggregator"]["delta_fraction_acked"] >= 0.5
+    # 20 streams are far below the default heartbeat budget: the 5 s base is announced, and
+    # with a delta every second no node is ever silent that long
+    assert figures["heartbeat_interval_announced_seconds"] == 5.0
+    assert figures["heartbeats_per_second"] == 0
+    assert figures["aggregator"]["sent_per_second"]["delta"] > 0
     assert "bench ingest: 0/1 the aggregator under 20 nodes for 2.0 s" in out.stderr
     assert "bench ingest: done in" in out.stderr
 

@@ -1,9 +1,13 @@
 """The load side of `bench ingest`: one process's share of the simulated nodes.
 
 Each node is one Report stream doing what `exporter.stream` does on the wire: a snapshot, then a
-delta every `delta_interval` seconds and a heartbeat half-way between (its phase drawn at
-random), every message numbered and stamped with its send time. What makes it cheap enough
-to leave the CPU to the aggregator it measures:
+delta every `delta_interval` seconds (its phase drawn at random) and a heartbeat whenever it was
+silent for the heartbeat interval its last acknowledgement announced (the configured
+`heartbeat_interval` until one does, or when one announces none), every message numbered and
+stamped with its send time. With the aggregator's default 5 s and deltas every 10 s that is a
+heartbeat half-way between deltas; told 20 s (a paced aggregator at 20,000 nodes), no
+heartbeats at all, as a real exporter whose deltas keep it from ever being silent that long.
+What makes it cheap enough to leave the CPU to the aggregator it measures:
 
 1. messages encoded once per node (its name, incarnation and payload); a send appends only the
    sequence and the send time, hand-encoded (protobuf merges concatenated fields);
@@ -25,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import heapq
+import itertools
 import random
 import time
 from multiprocessing.connection import Connection
@@ -38,6 +43,9 @@ __all__ = ["fabric_tiers", "run_load"]
 _REPORT = "/gputopo.v1.Reporter/Report"
 _LEAF, _SPINE = 32, 512
 _TICK_S = 0.01
+# An announced interval is clamped as the exporter clamps it (`exporter.stream.HEARTBEAT_RANGE_S`,
+# not imported: the load processes stay free of the exporter's imports; a test holds them equal).
+HEARTBEAT_RANGE_S = (0.1, 300.0)
 
 
 def fabric_tiers(index: int) -> list[str]:
@@ -61,7 +69,21 @@ def _stamp(sequence: int, sent_ns: int) -> bytes:
 
 
 class _Node:
-    __slots__ = ("first", "index", "kind", "load", "messages", "name", "sent", "seq", "stream")
+    __slots__ = (
+        "due",
+        "every",
+        "first",
+        "index",
+        "kind",
+        "last_sent",
+        "load",
+        "messages",
+        "name",
+        "next_delta",
+        "sent",
+        "seq",
+        "stream",
+    )
 
     def __init__(self, load: _Load, index: int, name: str, messages: dict[str, list[bytes]]):
         self.load = load
@@ -69,19 +91,25 @@ class _Node:
         self.name = name
         self.messages = messages
         self.seq = 0
-        self.kind = 0  # steady cycle position: even a delta, odd a heartbeat
+        self.kind = 0  # deltas sent: they alternate between the node's payloads
         self.sent: collections.deque[tuple[str, float]] = collections.deque()
         self.first = True
         self.stream: H2Stream | None = None
+        self.every = load.heartbeat_s  # the heartbeat interval last announced
+        self.last_sent = 0.0
+        self.next_delta = 0.0
+        self.due = 0.0  # of the node's live entry in the timer heap (others are left over)
 
     def send(self, kind: str, k: int = 0) -> None:
         assert self.stream is not None
         self.seq += 1
         now = time.monotonic()
+        self.last_sent = now
         self.sent.append((kind, now))
         window = self.load.window
         if window is not None and window[0] <= now < window[1]:
             self.load.sent_in_window += 1
+            self.load.sent_kinds[kind] += 1
         options = self.messages[kind]
         self.stream.send(options[k % len(options)] + _stamp(self.seq, time.time_ns()))
 
@@ -95,11 +123,38 @@ class _Node:
         if self.first:
             self.first = False
             load.settle(ok=True)
+        announced = resp.heartbeat_interval
+        every = announced.seconds + announced.nanos / 1e9
+        every = min(max(every, HEARTBEAT_RANGE_S[0]), HEARTBEAT_RANGE_S[1]) if every else 0.0
+        every = every or load.heartbeat_s
+        if every != self.every:
+            self.every = every
+            self.schedule()
         window = load.window
         if window is not None and window[0] <= at < window[1]:
             load.counts[kind] += 1
+            load.announced[every] += 1
             if kind == "delta":
                 load.samples.append(time.monotonic() - at)
+
+    def fire(self, now: float, delta_interval: float) -> None:
+        """Send what is due at `now` (the node's timer went off): its delta if that is due,
+        which also resets the silence, else a heartbeat; then queue the next."""
+        if self.next_delta <= now:
+            self.send("delta", self.kind)
+            self.kind += 1
+            self.next_delta += delta_interval
+        else:
+            self.send("heartbeat")
+        self.schedule()
+
+    def schedule(self) -> None:
+        """Queue the node's next message: its next delta, or a heartbeat after the announced
+        interval of silence, whichever comes first."""
+        due = min(self.next_delta, self.last_sent + self.every)
+        if due != self.due:
+            self.due = due
+            heapq.heappush(self.load.timers, (due, next(self.load.pushes), self))
 
     def on_end(self, reason: str) -> None:
         load = self.load
@@ -116,14 +171,22 @@ class _Node:
 class _Load:
     """Counters and phases of one process's nodes."""
 
-    def __init__(self, nodes: int) -> None:
+    def __init__(self, nodes: int, heartbeat_s: float = 5.0) -> None:
         from gputopo.v1 import reporter_pb2 as rpb
+
+        self.heartbeat_s = heartbeat_s  # until an acknowledgement announces one
+        # (due, push number, node): one timer for every node; the number breaks ties (a
+        # node's left-over entry may share its due time with its live one)
+        self.timers: list[tuple[float, int, _Node]] = []
+        self.pushes = itertools.count()
+        self.announced: collections.Counter[float] = collections.Counter()  # by acks, window
 
         self.decode = rpb.ReportResponse.FromString
         self.accepted = rpb.ReportResponse.STATUS_ACCEPTED
         self.samples: list[float] = []
         self.counts: collections.Counter[str] = collections.Counter()  # acked, by send time
         self.sent_in_window = 0
+        self.sent_kinds: collections.Counter[str] = collections.Counter()  # in the window
         self.errors: list[str] = []
         self.failed: collections.Counter[str] = collections.Counter()
         self.unacked = 0
@@ -176,7 +239,7 @@ async def run_load(
     (False: the ramp stopped there), then (start, end)."""
     rng = random.Random(options["seed"])
     interval = options["delta_interval"]
-    load = _Load(len(names))
+    load = _Load(len(names), options["heartbeat_interval"])
     host, port = target.rsplit(":", 1)
     # h2 (the `bench` extra) only where the load runs: the image and `gputopo --help` do without.
     from gputopo.app.benchmarks._h2load import H2Connection, grpc_headers
@@ -184,7 +247,7 @@ async def run_load(
     headers = grpc_headers(target, _REPORT)
     per_conn = options["nodes_per_connection"]
     connections: list[H2Connection] = []
-    heap: list[tuple[float, int, _Node]] = []
+    heap = load.timers
     nodes = [
         _Node(load, i, name, _messages(name, i, base))
         for i, name in zip(options["indices"], names, strict=True)
@@ -205,26 +268,21 @@ async def run_load(
                 connections.append(await H2Connection.open(host, int(port), headers))
             node.stream = connections[-1].open_stream(node.on_message, node.on_end)
             node.send("snapshot")
-            due = time.monotonic() + rng.uniform(0, interval)
-            heapq.heappush(heap, (due, node.index, node))
+            node.next_delta = node.last_sent + rng.uniform(0, interval)
+            node.schedule()
 
     async def tick() -> None:
-        """Every node's next message when it is due: a delta, then a heartbeat half an
-        interval later, and so on (due times advance by the interval, so they do not drift)."""
-        half = interval / 2
+        """Every node's next message when it is due: a delta every `interval` (due times
+        advance by it, so they do not drift), a heartbeat after the announced interval of
+        silence (a delta resets it)."""
         while True:
             now = time.monotonic()
             while heap and heap[0][0] <= now:
-                due, index, node = heapq.heappop(heap)
+                due, _, node = heapq.heappop(heap)
                 assert node.stream is not None
-                if node.stream.ended:
-                    continue
-                if node.kind % 2 == 0:
-                    node.send("delta", node.kind // 2)
-                else:
-                    node.send("heartbeat")
-                node.kind += 1
-                heapq.heappush(heap, (due + half, index, node))
+                if node.stream.ended or due != node.due:
+                    continue  # left over from a moved interval
+                node.fire(now, interval)
             # At least a tick between turns: the messages due in it leave in one socket write
             # per connection, not one wake-up each (the send time is taken when each leaves).
             wait = heap[0][0] - time.monotonic() if heap else _TICK_S
@@ -258,6 +316,8 @@ async def run_load(
         "samples": load.samples,
         "counts": dict(load.counts),
         "sent_in_window": load.sent_in_window,
+        "sent_kinds": dict(load.sent_kinds),
+        "announced": {str(k): v for k, v in load.announced.items()},
         "errors": load.errors,
         "failed_streams": dict(load.failed),
         "unacked_snapshots": load.unacked,

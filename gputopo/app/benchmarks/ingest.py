@@ -6,18 +6,25 @@ What runs (each in its own process, so the aggregator's RSS and CPU are its own)
 2. `--workers` load processes sharing `--nodes` simulated nodes (DGX H100 machines built
    from a recording, under leaves of 32 and spines of 512). Each node streams the exporter
    protocol on its own Report stream: a snapshot, then a delta every `--delta-interval`
-   seconds (a new link measurement: the topology really changes) and a heartbeat half-way
-   between, each phase staggered at random. The load side is cheap on purpose
-   (`_ingest_load`: pre-encoded messages over HTTP/2 spoken directly, `--nodes-per-connection`
-   streams per connection, streams opened at most `--ramp` per second with at most
-   `--in-flight` snapshots unacknowledged), and its CPU is reported beside the aggregator's;
-3. the same load against an ack-only gRPC server (decodes nothing, applies nothing): the
-   baseline, so the figures show what the aggregator's own work adds to the transport.
+   seconds (a new link measurement: the topology really changes), each phase staggered at
+   random, and a heartbeat after as much silence as the aggregator's acknowledgements ask
+   (`--max-heartbeats-per-second` paces it: 5 s up to 5,000 nodes by default, a heartbeat
+   half-way between deltas; 20 s at 20,000, so deltas alone keep a node fresh). The load
+   side is cheap on purpose (`_ingest_load`: pre-encoded messages over HTTP/2 spoken
+   directly, `--nodes-per-connection` streams per connection, streams opened at most
+   `--ramp` per second with at most `--in-flight` snapshots unacknowledged), and its CPU is
+   reported beside the aggregator's;
+3. the same load against an ack-only gRPC server (decodes nothing, applies nothing, announces
+   the heartbeat interval the aggregator would for as many live streams): the baseline, so the
+   figures show what the aggregator's own work adds to the transport.
 
 Figures (JSON with `--json`), from a window of `--duration` seconds after all snapshots were
 acknowledged and one more delta interval passed:
 
-- `reports_per_second` (accepted messages of every kind) and `deltas_per_second`;
+- `reports_per_second` (accepted messages of every kind), `deltas_per_second` and
+  `heartbeats_per_second` (acknowledged, by send time in the window), and
+  `heartbeat_interval_announced_seconds` (what most acknowledgements in the window announced;
+  `heartbeat_intervals_announced` counts them all);
 - `p99_freshness_seconds`: from an exporter sending a delta to it receiving the aggregator's
   acknowledgement, which is sent after the report was applied to the cluster state, so any
   snapshot taken from then on contains it (an upper bound on sent-to-visible);
@@ -61,6 +68,9 @@ HELP = "simulated exporters against one aggregator: throughput, freshness, RSS, 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# The aggregator's own heartbeat interval before pacing (AggregatorConfig's default), and what
+# the load's nodes wait before an acknowledgement announces one (the exporter's default).
+HEARTBEAT_S = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,6 +136,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="gRPC servers sharing the aggregator's port (default 0: the aggregator's default)",
     )
+    parser.add_argument(
+        "--max-heartbeats-per-second",
+        type=float,
+        default=None,
+        metavar="N",
+        help="the aggregator's --max-heartbeats-per-second, also for the ack-only baseline"
+        " (0: heartbeats every 5 s whatever the nodes; default: the aggregator's default)",
+    )
     parser.add_argument("--no-baseline", action="store_true", help="skip the ack-only baseline run")
     parser.add_argument("--profile", default="dgx-h100", help="machine profile of every node")
     parser.add_argument(
@@ -180,42 +198,57 @@ def _open_files_to_hard_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _serve(conn: Connection, kind: str, cprofile: str = "", servers: int = 0) -> None:
+def _serve(
+    conn: Connection,
+    kind: str,
+    cprofile: str = "",
+    servers: int = 0,
+    heartbeats_per_second: float | None = None,
+) -> None:
     """Child: serve the aggregator (or the ack-only baseline) until told to stop, on `servers`
-    gRPC servers sharing its port (0: the aggregator's default); with `cprofile`, profile the
+    gRPC servers sharing its port (0: the aggregator's default), pacing heartbeats to
+    `heartbeats_per_second` (None: the aggregator's default); with `cprofile`, profile the
     whole process's work and write the stats there."""
     _open_files_to_hard_limit()
     if not cprofile:
-        asyncio.run(_serve_async(conn, kind, servers))
+        asyncio.run(_serve_async(conn, kind, servers, heartbeats_per_second))
         return
     import cProfile
 
     profiler = cProfile.Profile()
     profiler.enable()
     try:
-        asyncio.run(_serve_async(conn, kind, servers))
+        asyncio.run(_serve_async(conn, kind, servers, heartbeats_per_second))
     finally:
         profiler.disable()
         profiler.dump_stats(cprofile)
 
 
-async def _serve_async(conn: Connection, kind: str, servers: int) -> None:
+async def _serve_async(
+    conn: Connection, kind: str, servers: int, heartbeats_per_second: float | None
+) -> None:
     import grpc
+    from google.protobuf.duration_pb2 import Duration
 
     from aggregator.server import GRPC_SERVERS, SERVER_OPTIONS, Aggregator, AggregatorConfig
+    from gputopo.heartbeats import DEFAULT_MAX_HEARTBEATS_PER_SECOND, HeartbeatPacer
     from gputopo.runtime import grpcio
     from gputopo.v1 import reporter_pb2 as rpb
     from gputopo.v1 import reporter_pb2_grpc as rgrpc
 
     servers = servers or GRPC_SERVERS
+    budget = heartbeats_per_second
+    if budget is None:
+        budget = DEFAULT_MAX_HEARTBEATS_PER_SECOND
     agg: Aggregator | None = None
     ack_only: list[grpc.aio.Server] = []
     if kind == "aggregator":
         # The collector as `gputopo aggregator` runs it (its --heap-freeze default).
         agg = Aggregator(
             AggregatorConfig(
-                heartbeat_interval_s=5.0,
+                heartbeat_interval_s=HEARTBEAT_S,
                 stale_after_s=120.0,
+                max_heartbeats_per_second=budget,
                 heap_freeze_s=30.0,
                 grpc_servers=servers,
             )
@@ -223,13 +256,35 @@ async def _serve_async(conn: Connection, kind: str, servers: int) -> None:
         await agg.start()
         port = agg.grpc_port
     else:
+        # The interval the aggregator would announce for as many live streams, moved once a
+        # second as its housekeeping does: the baseline carries the same load.
+        pacer = HeartbeatPacer(
+            base_s=HEARTBEAT_S, stale_after_s=120.0, max_per_second=budget, clock=time.time
+        )
+        every = Duration()
+        every.FromNanoseconds(round(HEARTBEAT_S * 1e9))
+        live = [0]
 
         class AckOnly(rgrpc.ReporterServicer):
             async def Report(self, request_iterator: Any, context: Any) -> Any:  # noqa: N802
-                async for msg in request_iterator:
-                    yield rpb.ReportResponse(
-                        status=rpb.ReportResponse.STATUS_ACCEPTED, acked_sequence=msg.sequence
-                    )
+                live[0] += 1
+                try:
+                    async for msg in request_iterator:
+                        yield rpb.ReportResponse(
+                            status=rpb.ReportResponse.STATUS_ACCEPTED,
+                            acked_sequence=msg.sequence,
+                            heartbeat_interval=every,
+                        )
+                finally:
+                    live[0] -= 1
+
+        async def pace() -> None:
+            while True:
+                await asyncio.sleep(1.0)
+                if pacer.update(live[0]):
+                    every.FromNanoseconds(round(pacer.interval_s * 1e9))
+
+        pacing = asyncio.create_task(pace())
 
         # The same servers as the aggregator's (gputopo.runtime.grpcio, SERVER_OPTIONS, as many
         # sharing the port).
@@ -258,6 +313,8 @@ async def _serve_async(conn: Connection, kind: str, servers: int) -> None:
             break
     if agg is not None:
         await agg.stop(grace_s=1.0)
+    else:
+        pacing.cancel()
     await asyncio.gather(*(server.stop(1.0) for server in ack_only))
 
 
@@ -304,7 +361,9 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     parent, child = ctx.Pipe()
     cprofile = args.cprofile if kind == "aggregator" else ""
     server = ctx.Process(
-        target=_serve, args=(child, kind, cprofile, args.grpc_servers), daemon=True
+        target=_serve,
+        args=(child, kind, cprofile, args.grpc_servers, args.max_heartbeats_per_second),
+        daemon=True,
     )
     server.start()
     port = parent.recv()
@@ -325,6 +384,7 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
             "in_flight": max(1, args.in_flight // args.workers),
             "settle_by": began + limit_s,
             "delta_interval": args.delta_interval,
+            "heartbeat_interval": HEARTBEAT_S,
             "profile": args.profile,
             "seed": args.seed + w,
             "indices": share,
@@ -372,8 +432,12 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         counts.update(r["counts"])
     errors = [e for r in results for e in r["errors"]]
     failed_streams: collections.Counter[str] = collections.Counter()
+    sent_kinds: collections.Counter[str] = collections.Counter()
+    announced: collections.Counter[str] = collections.Counter()
     for r in results:
         failed_streams.update(r["failed_streams"])
+        sent_kinds.update(r["sent_kinds"])
+        announced.update(r["announced"])
     expected_deltas = args.nodes * args.duration / args.delta_interval
     out = {
         "server": kind,
@@ -391,6 +455,14 @@ def _run_load(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         # sent in the window, acknowledged or not: 0 acked of many sent is a server behind
         "reports_sent_in_window": sum(r["sent_in_window"] for r in results),
         "deltas_per_second": round(counts["delta"] / args.duration, 1),
+        "heartbeats_per_second": round(counts["heartbeat"] / args.duration, 1),
+        # sent in the window by kind, acknowledged or not
+        "sent_per_second": {k: round(n / args.duration, 1) for k, n in sorted(sent_kinds.items())},
+        # what acknowledgements in the window announced (seconds -> acks); the commonest
+        "heartbeat_intervals_announced": dict(sorted(announced.items(), key=lambda kv: kv[0])),
+        "heartbeat_interval_announced_seconds": (
+            float(announced.most_common(1)[0][0]) if announced else None
+        ),
         "delta_fraction_acked": round(len(samples) / expected_deltas, 4) if expected_deltas else 0,
         # None without a delta acknowledged in the window: not measured, not 0 s (nor NaN,
         # which is not JSON)
@@ -561,6 +633,9 @@ def run(args: argparse.Namespace) -> int:
         "settled": main["settled"],
         "reports_per_second": main["reports_per_second"],
         "deltas_per_second": main["deltas_per_second"],
+        "heartbeats_per_second": main["heartbeats_per_second"],
+        "heartbeat_interval_announced_seconds": main["heartbeat_interval_announced_seconds"],
+        "max_heartbeats_per_second": args.max_heartbeats_per_second,
         "target_deltas_per_second": round(args.nodes / args.delta_interval, 1),
         "p99_freshness_seconds": main["p99_freshness_seconds"],
         "aggregator_rss_mib": main["rss_mib"],
@@ -623,7 +698,9 @@ def _print(f: dict[str, Any]) -> None:
         )
     print(
         f"  {f['reports_per_second']} reports/s ({f['deltas_per_second']} deltas/s, target "
-        f"{f['target_deltas_per_second']}), p99 freshness {f['p99_freshness_seconds']} s, "
+        f"{f['target_deltas_per_second']}; {f['heartbeats_per_second']} heartbeats/s at the "
+        f"{f['heartbeat_interval_announced_seconds']} s announced), "
+        f"p99 freshness {f['p99_freshness_seconds']} s, "
         f"aggregator {f['aggregator_rss_mib']} MiB, {f['aggregator_cpu_percent']} % CPU "
         f"(its loop ran {f['aggregator_loop_running_percent']} % of the time and waited for a "
         f"CPU {f['aggregator_loop_waiting_for_cpu_percent']} %), "

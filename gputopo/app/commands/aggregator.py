@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TYPE_CHECKING
+
+from gputopo.heartbeats import DEFAULT_MAX_HEARTBEATS_PER_SECOND, MAX_INTERVAL_S
 
 if TYPE_CHECKING:
     from aggregator.labels import LabelScheme
@@ -72,7 +75,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=30.0,
         metavar="SECONDS",
-        help="a node that stops reporting this long is stale (default %(default)s)",
+        help="a node that stops reporting this long is stale, with heartbeats every 5 s; paced"
+        " heartbeats stretch it by as much (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-heartbeats-per-second",
+        type=float,
+        # a string from the environment is converted (and refused, naming the option) by argparse
+        default=os.environ.get("GPUTOPO_MAX_HEARTBEATS_PER_SECOND")
+        or DEFAULT_MAX_HEARTBEATS_PER_SECOND,
+        metavar="N",
+        help="lengthen the heartbeat interval announced to exporters (5 s, whole seconds, at most"
+        f" {MAX_INTERVAL_S:g} s) so that all streams together send at most N heartbeats a second;"
+        " 0: always 5 s (env GPUTOPO_MAX_HEARTBEATS_PER_SECOND; default %(default)s)",
     )
     parser.add_argument(
         "--heap-freeze",
@@ -295,7 +310,6 @@ def options_without_a_cluster(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; shut down gracefully."""
     import asyncio
-    import os
     import signal
     import socket
     import sys
@@ -372,6 +386,13 @@ def run(args: argparse.Namespace) -> int:
     if (problem := heap_problem(args.heap_freeze, args.heap_full_collection)) is not None:
         print(f"gputopo aggregator: {problem}", file=sys.stderr)
         return 2
+    if not args.max_heartbeats_per_second >= 0:
+        print(
+            "gputopo aggregator: --max-heartbeats-per-second must be at least 0 (0: no pacing),"
+            f" not {args.max_heartbeats_per_second}",
+            file=sys.stderr,
+        )
+        return 2
     if args.grpc_servers < 1:
         print(
             f"gputopo aggregator: --grpc-servers must be at least 1, not {args.grpc_servers}",
@@ -399,6 +420,7 @@ def run(args: argparse.Namespace) -> int:
         http_host=args.host,
         http_port=args.http_port,
         stale_after_s=args.stale_after,
+        max_heartbeats_per_second=args.max_heartbeats_per_second,
         reservation_ttl_s=args.reservation_ttl,
         max_reservation_ttl_s=args.max_reservation_ttl,
         default_policy=args.policy,
