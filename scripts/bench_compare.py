@@ -425,6 +425,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="run every bench process on CPU N alone (one of this process's CPUs)",
     )
+    parser.add_argument(
+        "--runs",
+        type=Path,
+        metavar="PATH",
+        help="write every run's figures there as JSON lines (round, side, hash seed), each"
+        " round as it ends: the medians' inputs, and what a crash mid-run would keep",
+    )
     parser.add_argument("bench", nargs=argparse.REMAINDER, help="-- NAME [benchmark flags]")
     return parser
 
@@ -444,6 +451,8 @@ def main() -> int:
     parser = _parser()
     args = parser.parse_args()
     _checked(parser, args)
+    if args.runs:
+        args.runs.write_text("")  # this comparison's runs only
     bench = [a for a in args.bench if a != "--"]
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     prefix, aslr = ((), "on: --aslr") if args.aslr else aslr_prefix()
@@ -472,11 +481,19 @@ def main() -> int:
             shown = hash_seed if conditions.hash_seeds else "random"
             print(f"round {i + 1}: hash seed {shown}, order {', '.join(order)}", file=sys.stderr)
             runs = _round(plan, order, hash_seed, swap=args.fixed_order and i % 2 == 1)
+            shown_seed = hash_seed if conditions.hash_seeds else None
             for side, figures in runs.items():
                 sides_runs[side].append(figures)
-            rounds.append(
-                {"hash_seed": hash_seed if conditions.hash_seeds else None, "order": list(order)}
-            )
+                if args.runs:
+                    line = {
+                        "round": i + 1,
+                        "side": side,
+                        "hash_seed": shown_seed,
+                        "figures": figures,
+                    }
+                    with args.runs.open("a") as out:
+                        out.write(json.dumps(line) + "\n")
+            rounds.append({"hash_seed": shown_seed, "order": list(order)})
     load.append(os.getloadavg())
     again = sides_runs["again"] if args.aa else None
     figures = compare(sides_runs["base"], sides_runs["branch"], again)

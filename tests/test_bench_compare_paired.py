@@ -207,7 +207,11 @@ def _own_personality() -> int | None:
 
 def test_every_side_of_a_round_starts_alike(tmp_path: Path) -> None:
     cpu = max(os.sched_getaffinity(0))
-    out, runs, stderr = _compare(tmp_path, "--rounds", "6", "--seed", "22", "--pin-cpu", str(cpu))
+    written = tmp_path / "runs.jsonl"
+    written.write_text("a line of an earlier comparison\n")
+    out, runs, stderr = _compare(
+        tmp_path, "--rounds", "6", "--seed", "22", "--pin-cpu", str(cpu), "--runs", str(written)
+    )
     rounds = out["round_conditions"]
     assert len(runs) == 18
     assert out["branch"] == str(tmp_path / "branch")
@@ -227,6 +231,12 @@ def test_every_side_of_a_round_starts_alike(tmp_path: Path) -> None:
         itertools.permutations(("base", "branch", "again"))
     )
     assert all(run["cpus"] == [cpu] for run in runs)
+    # --runs keeps every run's figures, labelled, and only this comparison's.
+    lines = [json.loads(line) for line in written.read_text().splitlines()]
+    assert [(line["round"], line["side"], line["hash_seed"]) for line in lines] == [
+        (i + 1, side, r["hash_seed"]) for i, r in enumerate(rounds) for side in r["order"]
+    ]
+    assert all(line["figures"] == {"steady": 5.0} for line in lines)
     # ASLR off where setarch works here (the JSON says which); the runs' personality agrees.
     off = out["aslr"].startswith("off")
     assert off == out["aslr"].startswith("off: setarch")
