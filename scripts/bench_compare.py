@@ -45,7 +45,7 @@ above the threshold and above its paired noise; `beyond_noise_unpaired` keeps th
 The split halves are not the paired ratio's yardstick: they see the medians wander between
 rounds (load that drifts), which pairing cancels, and would hide a steady regression under it.
 Nothing is left out. A markdown table of the same goes to stderr, with each round's hash seed
-and order.
+and order; `--runs PATH` keeps every run's figures.
 """
 
 from __future__ import annotations
