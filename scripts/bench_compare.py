@@ -25,7 +25,10 @@ just before it. Five rounds do not average those out, so every side of a round i
 1. the same PYTHONHASHSEED for every side of a round, another for every round (derived from
    `--seed`, printed; `--random-hash-seed` lets each process draw its own, as Python does);
 2. ASLR off for every side (`setarch <arch> -R`, when it works here; `--aslr` leaves it on);
-   the JSON says which was used;
+   the JSON says which was used. With it off the layout follows the environment and the
+   paths: every side runs through a link of one length to its checkout (`--real-paths`: from
+   the checkout itself), and an environment variable of a per-round length moves the stack
+   as ASLR would, alike for every side of the round;
 3. the order of the sides in a round is shuffled (seeded), going through every order before
    one repeats, so no side always runs after the same one (`--fixed-order`: base, branch,
    base copy every round, the two base runs swapping roles, as before);
@@ -73,6 +76,13 @@ ROW_KEYS = ("layout", "gpus", "node_gpus", "request_gpus", "shape", "policy", "s
 # function, which is not how any process runs in production: the seeds are drawn above it.
 HASH_SEEDS = range(1, 2**32)
 SIDES = ("base", "branch", "again")
+# With ASLR off the stack starts where the environment's strings end: an environment variable
+# of a round's length moves it as ASLR would, but alike for every side of the round.
+PAD = "BENCH_COMPARE_PAD"
+# Each side runs through a link of the same length, so that its PYTHONPATH, sys.path and every
+# module's __file__ are as long on all sides (with ASLR off their lengths move the stack and
+# the heap, and a checkout one character longer was steadily slower or faster).
+LINKS = {"base": "base", "branch": "head", "again": "copy"}
 
 Runs = list[dict[str, float]]
 Figure = dict[str, float | None]
@@ -107,6 +117,11 @@ def round_orders(sides: Sequence[str], rounds: int, seed: int) -> list[tuple[str
     return orders[:rounds]
 
 
+def round_pad(seed: int, i: int) -> int:
+    """Round i's environment padding in bytes: every 16-byte stack alignment within a page."""
+    return random.Random(f"pad/{seed}/{i}").randrange(4096)
+
+
 def aslr_prefix() -> tuple[tuple[str, ...], str]:
     """setarch's "no address randomisation" for this machine when it works here (it fails in
     containers whose seccomp profile refuses personality(2)), and what was decided, in words."""
@@ -125,11 +140,15 @@ def run(
     *,
     conditions: Conditions = Conditions(hash_seeds=False, prefix=(), cpu=None),
     hash_seed: int | None = None,
+    pad: int = 0,
 ) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     env.pop("PYTHONHASHSEED", None)  # "random", Python's default, unless the round sets one
     if conditions.hash_seeds and hash_seed is not None:
         env["PYTHONHASHSEED"] = str(hash_seed)
+    env.pop(PAD, None)
+    if pad:
+        env[PAD] = "x" * pad
     command = [str(script), *bench] if script else ["-m", "gputopo", "bench", *bench, "--json"]
     pin: Callable[[], None] | None = None
     if conditions.cpu is not None:
@@ -349,10 +368,12 @@ class Plan:
     conditions: Conditions
 
 
-def _round(plan: Plan, order: tuple[str, ...], hash_seed: int, *, swap: bool) -> dict[str, Any]:
-    """One round: every side once, in `order`, all with the round's hash seed. With `swap`
-    the two base runs trade roles (the fixed order's way of not always calling the earlier
-    one the base)."""
+def _round(
+    plan: Plan, order: tuple[str, ...], hash_seed: int, pad: int, *, swap: bool
+) -> dict[str, Any]:
+    """One round: every side once, in `order`, all with the round's hash seed and padding.
+    With `swap` the two base runs trade roles (the fixed order's way of not always calling the
+    earlier one the base)."""
     runs: dict[str, dict[str, float]] = {}
     for side in order:
         extra = plan.branch_only if side == "branch" else []
@@ -363,6 +384,7 @@ def _round(plan: Plan, order: tuple[str, ...], hash_seed: int, *, swap: bool) ->
                 plan.script,
                 conditions=plan.conditions,
                 hash_seed=hash_seed,
+                pad=pad,
             )
         )
     if swap and "again" in runs:
@@ -420,6 +442,11 @@ def _parser() -> argparse.ArgumentParser:
         " of a shuffled order",
     )
     parser.add_argument(
+        "--real-paths",
+        action="store_true",
+        help="run each side from its own path instead of through links of one length",
+    )
+    parser.add_argument(
         "--pin-cpu",
         type=int,
         metavar="N",
@@ -461,6 +488,7 @@ def main() -> int:
     fixed = [sides] * args.rounds
     orders = fixed if args.fixed_order else round_orders(sides, args.rounds, seed)
     seeds = [round_seed(seed, i) for i in range(args.rounds)]
+    pads = [round_pad(seed, i) if prefix else 0 for i in range(args.rounds)]
     sides_runs: dict[str, Runs] = {side: [] for side in SIDES}
     rounds: list[dict[str, Any]] = []
     load = [os.getloadavg()]  # the machine's load, for the reader: ratios hold up, times do not
@@ -470,6 +498,11 @@ def main() -> int:
         checkouts = {"base": args.base.resolve(), "branch": args.branch.resolve()}
         if args.aa:
             checkouts["again"] = _copy(checkouts["base"], Path(scratch))
+        if not args.real_paths:
+            (Path(scratch) / "at").mkdir()
+            for side, checkout in list(checkouts.items()):
+                checkouts[side] = Path(scratch) / "at" / LINKS[side]
+                checkouts[side].symlink_to(checkout, target_is_directory=True)
         plan = Plan(
             checkouts=checkouts,
             bench=bench,
@@ -477,10 +510,13 @@ def main() -> int:
             script=args.script.resolve() if args.script else None,
             conditions=conditions,
         )
-        for i, (order, hash_seed) in enumerate(zip(orders, seeds, strict=True)):
+        for i, (order, hash_seed, pad) in enumerate(zip(orders, seeds, pads, strict=True)):
             shown = hash_seed if conditions.hash_seeds else "random"
-            print(f"round {i + 1}: hash seed {shown}, order {', '.join(order)}", file=sys.stderr)
-            runs = _round(plan, order, hash_seed, swap=args.fixed_order and i % 2 == 1)
+            print(
+                f"round {i + 1}: hash seed {shown}, pad {pad}, order {', '.join(order)}",
+                file=sys.stderr,
+            )
+            runs = _round(plan, order, hash_seed, pad, swap=args.fixed_order and i % 2 == 1)
             shown_seed = hash_seed if conditions.hash_seeds else None
             for side, figures in runs.items():
                 sides_runs[side].append(figures)
@@ -493,7 +529,7 @@ def main() -> int:
                     }
                     with args.runs.open("a") as out:
                         out.write(json.dumps(line) + "\n")
-            rounds.append({"hash_seed": shown_seed, "order": list(order)})
+            rounds.append({"hash_seed": shown_seed, "pad": pad, "order": list(order)})
     load.append(os.getloadavg())
     again = sides_runs["again"] if args.aa else None
     figures = compare(sides_runs["base"], sides_runs["branch"], again)
@@ -511,6 +547,7 @@ def main() -> int:
             "hash_seeds": "per round" if conditions.hash_seeds else "random per process",
             "aslr": aslr,
             "order": "fixed" if args.fixed_order else "shuffled",
+            "paths": "real" if args.real_paths else "links of one length",
             "pin_cpu": args.pin_cpu,
             "round_conditions": rounds,
             "load_1_5_15": {"start": load[0], "end": load[1]},

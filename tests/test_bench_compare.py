@@ -162,7 +162,7 @@ print(json.dumps({"steady": 5.0, "slower": 10.0 if base else 12.0, "noisy": nois
 
 # The comparison as it ran before paired rounds: each process its own hash seed and address
 # layout, the sides always base, branch, base copy.
-OLD_WAY = ["--random-hash-seed", "--aslr", "--fixed-order"]
+OLD_WAY = ["--random-hash-seed", "--aslr", "--fixed-order", "--real-paths"]
 
 
 def test_interleaved_runs_with_aa_end_to_end(tmp_path: Path) -> None:

@@ -170,6 +170,9 @@ seen = {
     "hash": hash("gputopo"),
     "personality": int(personality.read_text(), 16) if personality.exists() else None,
     "cpus": sorted(os.sched_getaffinity(0)),
+    "path": os.environ["PYTHONPATH"],
+    "pad": len(os.environ.get("BENCH_COMPARE_PAD", "")),
+    "environment": sum(len(k) + len(v) + 2 for k, v in os.environ.items()),
 }
 with open(os.environ["FAKE_LOG"], "a") as log:
     log.write(json.dumps(seen) + "\\n")
@@ -234,7 +237,17 @@ def test_every_side_of_a_round_starts_alike(tmp_path: Path) -> None:
         assert [run["seed"] for run in three] == [str(conditions["hash_seed"])] * 3
         assert len({run["hash"] for run in three}) == 1
         assert [_side(tmp_path, run["where"]) for run in three] == conditions["order"]
-        assert f"round {i + 1}: hash seed {conditions['hash_seed']}, order" in stderr
+        pad = conditions["pad"]
+        assert f"round {i + 1}: hash seed {conditions['hash_seed']}, pad {pad}, order" in stderr
+        # Each side through a link of one length to its checkout, in an environment of one
+        # size: the round's pad on top of it.
+        assert [run["pad"] for run in three] == [pad] * 3
+        assert len({len(run["path"]) for run in three}) == 1
+        assert len({run["environment"] for run in three}) == 1
+        # (the links are gone with the run; the cwd, which the kernel resolves, is the checkout)
+        assert [Path(run["path"]).name for run in three] == [
+            bench_compare.LINKS[side] for side in conditions["order"]
+        ]
     # The order rotates: over 6 rounds every permutation of the three sides once.
     assert sorted(tuple(r["order"]) for r in rounds) == sorted(
         itertools.permutations(("base", "branch", "again"))
@@ -249,6 +262,11 @@ def test_every_side_of_a_round_starts_alike(tmp_path: Path) -> None:
     # ASLR off where setarch works here (the JSON says which); the runs' personality agrees.
     off = out["aslr"].startswith("off: setarch")
     assert off == _setarch_works()
+    # The pad stands in for the stack's randomisation where ASLR is off: one per round.
+    assert [r["pad"] for r in rounds] == [
+        bench_compare.round_pad(22, i) if off else 0 for i in range(6)
+    ]
+    assert out["paths"] == "links of one length"
     for run in runs:
         if run["personality"] is not None:
             assert bool(run["personality"] & ADDR_NO_RANDOMIZE) == (
@@ -265,6 +283,7 @@ def test_the_old_way_leaves_each_process_as_python_starts_it(tmp_path: Path) -> 
     )
     # No PYTHONHASHSEED reaches the bench, not even the caller's: each process draws its own.
     assert all(run["seed"] is None for run in runs)
+    assert all(run["pad"] == 0 and run["path"] == run["where"] for run in runs)
     assert [_side(tmp_path, run["where"]) for run in runs] == ["base", "branch", "again"] * 2
     assert all(run["personality"] == _own_personality() for run in runs)
     assert "hash seed random" in stderr
