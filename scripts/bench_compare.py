@@ -47,6 +47,9 @@ above the threshold and above its paired noise; `beyond_noise_unpaired` keeps th
 (the unpaired ratio above the threshold and the split-halves noise) so the two can be compared.
 The split halves are not the paired ratio's yardstick: they see the medians wander between
 rounds (load that drifts), which pairing cancels, and would hide a steady regression under it.
+`beyond_both` counts the figures beyond under both rules: fewer false alarms where the load
+holds still (a same-code control of placement, 5 rounds: 14 paired, 11 unpaired, 4 both), but
+a steady regression under drifting load is beyond only paired.
 Nothing is left out. A markdown table of the same goes to stderr, with each round's hash seed
 and order; `--runs PATH` keeps every run's figures.
 """
@@ -313,6 +316,8 @@ def verdict(figures: dict[str, Figure], threshold: float) -> dict[str, Any]:
             "above_threshold": sum(1 for a in above if _over(a["ratio"], threshold)),
             "beyond_noise": sum(1 for a in above if a["beyond_noise_unpaired"]),
         },
+        # Beyond under both rules: within-round and between-round noise both exceeded.
+        "beyond_both": sum(1 for a in above if a["beyond_noise"] and a["beyond_noise_unpaired"]),
         "above": above,
     }
 
@@ -328,7 +333,8 @@ def table(found: dict[str, Any]) -> str:
         f"{found['above_threshold']} of {found['compared']} figures above "
         f"{found['threshold']}x paired, {found['beyond_noise']} of them beyond their noise; "
         f"unpaired (ratio of medians against the split-halves noise): "
-        f"{unpaired['above_threshold']} above, {unpaired['beyond_noise']} beyond",
+        f"{unpaired['above_threshold']} above, {unpaired['beyond_noise']} beyond; "
+        f"{found['beyond_both']} beyond under both rules",
         "",
         "| figure | base | branch | ratio | A/A | noise | paired ratio | paired A/A "
         "| paired noise | beyond noise | beyond, unpaired |",

@@ -203,9 +203,11 @@ def test_interleaved_runs_with_aa_end_to_end(tmp_path: Path) -> None:
     rules = [(a["figure"], a["beyond_noise"], a["beyond_noise_unpaired"]) for a in verdict["above"]]
     assert rules == [("noisy", False, False), ("slower", True, True)]
     assert "2 of 4 figures above 1.05x paired, 1 of them beyond their noise" in done.stderr
-    assert "unpaired (ratio of medians against the split-halves noise): 2 above, 1 beyond" in (
-        done.stderr
-    )
+    assert (
+        "unpaired (ratio of medians against the split-halves noise): 2 above, 1 beyond; "
+        "1 beyond under both rules"
+    ) in done.stderr
+    assert verdict["beyond_both"] == 1
     assert "| `slower` | 10 | 12 | 1.2x | 1 | 1 | 1.2x | 1 | 1 | yes | yes |" in done.stderr
     assert out["hash_seeds"] == "random per process"
     assert out["order"] == "fixed"

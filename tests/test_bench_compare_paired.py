@@ -120,6 +120,7 @@ def test_paired_ratio_and_noise(case: PairedCase) -> None:
     )
     assert found["beyond_noise"] == int(case.want_beyond)
     assert found["unpaired"]["beyond_noise"] == int(case.want_beyond_unpaired)
+    assert found["beyond_both"] == int(case.want_beyond and case.want_beyond_unpaired)
 
 
 def test_paired_noise_is_never_below_the_paired_aa_either_way_up() -> None:
