@@ -24,6 +24,7 @@ def _load() -> ModuleType:
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
 
@@ -135,7 +136,8 @@ def test_noise_is_the_widest_cut_of_the_base_runs() -> None:
 def test_a_zero_base_has_no_ratio_and_is_not_listed() -> None:
     figures = bench_compare.compare([{"errors": 0.0}], [{"errors": 3.0}], [{"errors": 0.0}])
     assert figures["errors"] == {"base": 0.0, "branch": 3.0, "ratio": None, "aa": None,
-                                 "noise": None}  # fmt: skip
+                                 "noise": None, "paired_ratio": None, "paired_aa": None,
+                                 "paired_noise": None}  # fmt: skip
     assert bench_compare.verdict(figures, 1.05)["above"] == []
 
 
@@ -158,6 +160,11 @@ print(json.dumps({"steady": 5.0, "slower": 10.0 if base else 12.0, "noisy": nois
 """
 
 
+# The comparison as it ran before paired rounds: each process its own hash seed and address
+# layout, the sides always base, branch, base copy.
+OLD_WAY = ["--random-hash-seed", "--aslr", "--fixed-order", "--real-paths"]
+
+
 def test_interleaved_runs_with_aa_end_to_end(tmp_path: Path) -> None:
     base = tmp_path / "base"
     base.mkdir()
@@ -168,7 +175,7 @@ def test_interleaved_runs_with_aa_end_to_end(tmp_path: Path) -> None:
     env = {**os.environ, "FAKE_COUNTER": str(counter), "FAKE_PATHS": str(paths)}
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--base", str(base), "--rounds", "2", "--aa",
-         "--script", str(fake)],
+         "--script", str(fake), *OLD_WAY],
         check=True, capture_output=True, text=True, env=env, timeout=120,
     )  # fmt: skip
     out: dict[str, Any] = json.loads(done.stdout)
@@ -184,13 +191,24 @@ def test_interleaved_runs_with_aa_end_to_end(tmp_path: Path) -> None:
     assert len(out["load_1_5_15"]["start"]) == len(out["load_1_5_15"]["end"]) == 3
     figures = out["figures"]
     assert figures["steady"] == {"base": 5.0, "branch": 5.0, "ratio": 1.0, "aa": 1.0,
-                                 "noise": 1.0}  # fmt: skip
+                                 "noise": 1.0, "paired_ratio": 1.0, "paired_aa": 1.0,
+                                 "paired_noise": 1.0}  # fmt: skip
     assert figures["noisy"]["aa"] == 1.3
+    # Paired: round 1 compares 11 with the base's 10 (its copy read 13), round 2 likewise with
+    # the roles swapped, so both rounds' A/A is 1.3.
+    assert figures["noisy"]["paired_ratio"] == 1.1
+    assert figures["noisy"]["paired_noise"] == 1.3
     assert figures["rows[x].p50_ms"]["ratio"] == 1.0
     verdict = out["verdict"]
-    assert [(a["figure"], a["beyond_noise"]) for a in verdict["above"]] == [
-        ("noisy", False),
-        ("slower", True),
-    ]
-    assert "2 of 4 figures above 1.05x, 1 of them beyond their A/A noise" in done.stderr
-    assert "| `slower` | 10 | 12 | 1.2x | 1.0 | 1.0 | yes |" in done.stderr
+    rules = [(a["figure"], a["beyond_noise"], a["beyond_noise_unpaired"]) for a in verdict["above"]]
+    assert rules == [("noisy", False, False), ("slower", True, True)]
+    assert "2 of 4 figures above 1.05x paired, 1 of them beyond their noise" in done.stderr
+    assert (
+        "unpaired (ratio of medians against the split-halves noise): 2 above, 1 beyond; "
+        "1 beyond under both rules"
+    ) in done.stderr
+    assert verdict["beyond_both"] == 1
+    assert "| `slower` | 10 | 12 | 1.2x | 1 | 1 | 1.2x | 1 | 1 | yes | yes |" in done.stderr
+    assert out["hash_seeds"] == "random per process"
+    assert out["order"] == "fixed"
+    assert out["aslr"] == "on: --aslr"
