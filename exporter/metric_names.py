@@ -169,6 +169,11 @@ DISCOVERY_TIMESTAMP = _gauge(
 STREAM_CONNECTED = _gauge(
     "report_stream_connected", "1 while the report stream to the aggregator is open."
 )
+STREAM_HEARTBEAT_INTERVAL = _gauge(
+    "report_heartbeat_interval_seconds",
+    "Silence after which the report stream sends a heartbeat: the interval the aggregator's"
+    " acknowledgements announce (it grows with the cluster), else the agent's own.",
+)
 STREAM_FAILURES = _counter(
     "report_stream_failures", "Report streams that ended (the agent reconnects)."
 )

@@ -227,6 +227,7 @@ def _stream(out: _Families, stats: StreamStats | None) -> None:
     if stats is None:
         return
     out.add(names.STREAM_CONNECTED, 1 if stats.connected else 0)
+    out.add(names.STREAM_HEARTBEAT_INTERVAL, stats.heartbeat_interval_s)
     out.add(names.STREAM_FAILURES, stats.failures)
     out.add(names.STREAM_MESSAGES, stats.snapshots_sent, "snapshot")
     out.add(names.STREAM_MESSAGES, stats.deltas_sent, "delta")

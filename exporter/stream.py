@@ -102,6 +102,7 @@ class StreamStats:
     resyncs: int = 0
     peer_probes_sent: int = 0
     last_error: str = ""
+    heartbeat_interval_s: float = 0.0  # the silence before a heartbeat now (the aggregator's)
     connected: bool = False
 
 
@@ -149,7 +150,7 @@ class ReportStream:
         self._resync = False
         self._on_probe_targets = on_probe_targets
         self._peer_probes: dict[str, Measurement] = {}
-        self.stats = StreamStats()
+        self.stats = StreamStats(heartbeat_interval_s=heartbeat_interval_s)
         self.acked = asyncio.Event()  # set after the first ack of each connection
 
     @property
@@ -289,7 +290,7 @@ class ReportStream:
         else:
             wanted = seconds
         if wanted != self._heartbeat_s:
-            self._heartbeat_s = wanted
+            self._heartbeat_s = self.stats.heartbeat_interval_s = wanted
             self._paced.set()
 
     def _next_message(self, sent: NodeTopology | None, current: NodeTopology) -> rpb.ReportRequest:

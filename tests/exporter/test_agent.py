@@ -187,6 +187,12 @@ async def _survive_an_outage(node: FakeNode, *, down_s: float, backoff: Backoff)
             assert second.state.snapshot().node(name).topology == agent.topology
             _, metrics = await http_get(agent.http_port, "/metrics")
             assert "gputopo_report_stream_connected 1.0" in metrics
+            interval = next(
+                float(line.split()[-1])
+                for line in metrics.splitlines()
+                if line.startswith("gputopo_report_heartbeat_interval_seconds ")
+            )
+            assert interval == agent.stream.heartbeat_interval_s > 0
             return {"failures": failures, "resumed_s": resumed_s, "served": served}
         finally:
             await second.stop(grace_s=0)

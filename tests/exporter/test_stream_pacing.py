@@ -91,6 +91,7 @@ def test_an_exporter_told_a_long_interval_sends_no_heartbeat_early() -> None:
 
     async def body(stream: ReportStream) -> None:
         await until(lambda: stream.heartbeat_interval_s == 60.0, "heard 60 s")
+        assert stream.stats.heartbeat_interval_s == 60.0  # what the metric reports
         before = acker.kinds.count("heartbeat")  # one may have left before the first ack
         await asyncio.sleep(1.0)
         assert acker.kinds.count("heartbeat") == before
@@ -115,7 +116,7 @@ def test_an_ack_without_an_interval_keeps_the_configured_one() -> None:
 
     async def body(stream: ReportStream) -> None:
         await until(lambda: acker.kinds.count("heartbeat") >= 2, "two heartbeats")
-        assert stream.heartbeat_interval_s == 0.2
+        assert stream.heartbeat_interval_s == stream.stats.heartbeat_interval_s == 0.2
 
     run(streaming(acker, 0.2, body))
 
