@@ -4,10 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
-
-from google.protobuf.duration_pb2 import Duration
 
 from aggregator.server import SERVER_OPTIONS
 from exporter.stream import HEARTBEAT_RANGE_S
@@ -17,6 +13,7 @@ from gputopo.app.benchmarks._ingest_load import _Load, _Node
 from gputopo.runtime import grpcio
 from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
+from tests.report_acker import Acker
 
 REPORT = "/gputopo.v1.Reporter/Report"
 MESSAGES = {
@@ -24,27 +21,6 @@ MESSAGES = {
     "delta": [rpb.ReportRequest(node_name="n", delta=rpb.Delta()).SerializeToString()],
     "heartbeat": [rpb.ReportRequest(node_name="n", heartbeat=rpb.Heartbeat()).SerializeToString()],
 }
-
-
-class Announcer(rgrpc.ReporterServicer):
-    """Acks every message announcing `every` seconds (0: a zero Duration); records kinds."""
-
-    def __init__(self) -> None:
-        self.every = 20.0
-        self.kinds: list[str] = []
-
-    async def Report(  # noqa: N802 - gRPC method name
-        self, request_iterator: AsyncIterator[rpb.ReportRequest], context: Any
-    ) -> AsyncIterator[rpb.ReportResponse]:
-        async for msg in request_iterator:
-            self.kinds.append(msg.WhichOneof("payload") or "")
-            every = Duration()
-            every.FromNanoseconds(round(self.every * 1e9))
-            yield rpb.ReportResponse(
-                status=rpb.ReportResponse.STATUS_ACCEPTED,
-                acked_sequence=msg.sequence,
-                heartbeat_interval=every,
-            )
 
 
 async def acked(node: _Node, every: float) -> None:
@@ -58,7 +34,7 @@ async def acked(node: _Node, every: float) -> None:
 
 def test_the_load_heartbeats_after_the_announced_silence_and_a_delta_resets_it() -> None:
     async def main() -> None:
-        servicer = Announcer()
+        servicer = Acker(20.0)
         server = grpcio.server(options=SERVER_OPTIONS)
         rgrpc.add_ReporterServicer_to_server(servicer, server)
         port = grpcio.bind(server, "127.0.0.1", 0)

@@ -6,18 +6,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 import pytest
-from google.protobuf.duration_pb2 import Duration
 
 from exporter.stream import HEARTBEAT_RANGE_S, ReportStream
 from gputopo.runtime.backoff import Backoff
-from gputopo.v1 import reporter_pb2 as rpb
 from gputopo.v1 import reporter_pb2_grpc as rgrpc
 from tests.builders import nvswitch_node
+from tests.report_acker import Acker
 
 T = TypeVar("T")
 NODE = nvswitch_node("n1", gpus=2, nics=1)
@@ -25,28 +24,6 @@ NODE = nvswitch_node("n1", gpus=2, nics=1)
 
 def run(coro: Awaitable[T]) -> T:
     return asyncio.run(asyncio.wait_for(coro, timeout=60))  # type: ignore[arg-type]
-
-
-class Acker(rgrpc.ReporterServicer):
-    """Acks every message, announcing `every` seconds (None: no interval at all)."""
-
-    def __init__(self, every: float | None) -> None:
-        self.every = every
-        self.kinds: list[str] = []
-
-    async def Report(  # noqa: N802 - gRPC method name
-        self, request_iterator: AsyncIterator[rpb.ReportRequest], context: Any
-    ) -> AsyncIterator[rpb.ReportResponse]:
-        async for msg in request_iterator:
-            self.kinds.append(msg.WhichOneof("payload") or "")
-            resp = rpb.ReportResponse(
-                status=rpb.ReportResponse.STATUS_ACCEPTED, acked_sequence=msg.sequence
-            )
-            if self.every is not None:
-                every = Duration()
-                every.FromNanoseconds(round(self.every * 1e9))
-                resp.heartbeat_interval.CopyFrom(every)
-            yield resp
 
 
 async def streaming(
