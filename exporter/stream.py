@@ -137,7 +137,6 @@ class ReportStream:
         self._sent_use: GpuUse | None = None
         self._stub = rgrpc.ReporterStub(channel)
         self._configured_s = heartbeat_interval_s
-        self._heartbeat_s = heartbeat_interval_s  # the aggregator's, once an ack says it
         self._paced = asyncio.Event()  # the reader heard a new interval: wait anew
         self._told_bad_interval = False
         self._backoff = backoff
@@ -150,13 +149,14 @@ class ReportStream:
         self._resync = False
         self._on_probe_targets = on_probe_targets
         self._peer_probes: dict[str, Measurement] = {}
+        # the interval waited (the aggregator's, once an ack says it): `heartbeat_interval_s`
         self.stats = StreamStats(heartbeat_interval_s=heartbeat_interval_s)
         self.acked = asyncio.Event()  # set after the first ack of each connection
 
     @property
     def heartbeat_interval_s(self) -> float:
         """The silence after which the stream sends a heartbeat, now."""
-        return self._heartbeat_s
+        return self.stats.heartbeat_interval_s
 
     def use_channel(self, channel: grpc.aio.Channel) -> None:
         """Report over `channel` from the next connection on (a renewed client certificate);
@@ -252,7 +252,7 @@ class ReportStream:
         ack that arrives meanwhile may move it). True when the stream ended instead."""
         while True:
             self._paced.clear()  # before reading the interval: a change after it wakes us
-            left = sent_at + self._heartbeat_s - time.monotonic()
+            left = sent_at + self.stats.heartbeat_interval_s - time.monotonic()
             if left <= 0:
                 return False
             paced = asyncio.create_task(self._paced.wait())
@@ -289,8 +289,8 @@ class ReportStream:
                 )
         else:
             wanted = seconds
-        if wanted != self._heartbeat_s:
-            self._heartbeat_s = self.stats.heartbeat_interval_s = wanted
+        if wanted != self.stats.heartbeat_interval_s:
+            self.stats.heartbeat_interval_s = wanted
             self._paced.set()
 
     def _next_message(self, sent: NodeTopology | None, current: NodeTopology) -> rpb.ReportRequest:
