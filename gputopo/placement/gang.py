@@ -141,12 +141,30 @@ def _estimate(
     memo: dict[tuple[object, ...], _Estimate | None],
 ) -> _Estimate | None:
     """`_fill_estimate`, remembered per multiset of usable classes: racks and leaves with the
-    same free nodes give the same answer, and most domains of a cluster repeat a few."""
-    per_pod = group.gpus_per_pod
-    sig = (nvlink, *sorted((id(c[0]), c[1], n) for c, n in classes.items() if _fit(c, per_pod) > 0))
+    same free nodes give the same answer, and most domains of a cluster repeat a few.
+
+    The multiset is the one `_fill_estimate` can tell apart (`_signature`): a gang of p pods
+    uses at most p nodes of a class, so racks with 7 and with 11 free trays are one question
+    for a TP-8 on two of them."""
+    sig = _signature(classes, group, nvlink)
     if sig not in memo:
         memo[sig] = _remembered(classes, group, nvlink, sig)
     return memo[sig]
+
+
+def _signature(classes: Mapping[NodeClass, int], group: Group, nvlink: bool) -> tuple[object, ...]:
+    """What `_fill_estimate` reads of a domain's class counts: each usable class's count capped
+    at the gang's pods, and whether the usable nodes are few enough to try every split.
+
+    The cap changes no answer: every fill takes at most `pods // fit` whole nodes of a class
+    and one more, the feasibility and one-class tests compare `fit * count` with the pods, and
+    a split puts a positive number of pods on each node it uses, so neither sees a count past
+    the pods (`tests/placement/test_gang_estimates.py` checks it against the uncapped counts).
+    """
+    per_pod, pods = group.gpus_per_pod, group.pods
+    usable = [(c, n) for c, n in classes.items() if _fit(c, per_pod) > 0]
+    small = sum(n for _, n in usable) <= SMALL_DOMAIN
+    return (nvlink, small, *sorted((id(c[0]), c[1], min(n, pods)) for c, n in usable))
 
 
 # `_fill_estimate` across decisions, per (gang, nvlink, usable classes): consecutive decisions

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gputopo.placement import clear_caches, gang, place
-from gputopo.request import request_from_mapping
+from gputopo.request import Scope, request_from_mapping
 from gputopo.sim.scenarios import Occupancy, build_nodes, empty_snapshot
 
 TP8_ON_TRAYS = request_from_mapping(
@@ -65,3 +65,44 @@ def test_warm_decisions_equal_cold_ones_while_the_racks_churn(
             cold, _ = place(snap, request)
             assert warm == cold
     assert reused > 0  # the warm decisions did use kept estimates
+
+
+@pytest.mark.parametrize("layout", ["nvl72", "dgx-h100", "mixed"])
+def test_counts_past_the_pods_do_not_change_an_estimate(layout: str) -> None:
+    """`_signature` caps each class's count at the gang's pods, so racks with 7 and 11 free
+    trays share one estimate: on every domain of a half-full cluster, raising the counts that
+    are already at least the pods (keeping the small-domain flag) gives the same signature and
+    the same estimate, and lowering one below the pods gives another signature."""
+    snapshot = Occupancy(empty_snapshot(build_nodes(layout, 1000)), seed=5).fill(0.5)
+    raised = lowered = 0
+    for request in (TP8_ON_TRAYS, GANG_32, GANG_64):
+        (group,) = request.groups
+        for scope in (Scope.NVLINK, Scope.LEAF, Scope.SPINE):
+            for domain in snapshot.domains(scope):
+                classes = dict(snapshot.domain_classes(scope, domain))
+                usable = {
+                    c: n for c, n in classes.items() if c[1].bit_count() >= group.gpus_per_pod
+                }
+                small = sum(usable.values()) <= gang.SMALL_DOMAIN
+                room = gang.SMALL_DOMAIN - sum(usable.values()) if small else 50
+                more = {
+                    c: n + room if c in usable and n >= group.pods else n
+                    for c, n in classes.items()
+                }
+                if room > 0 and more != classes:
+                    raised += 1
+                    assert gang._signature(more, group, True) == gang._signature(
+                        classes, group, True
+                    )
+                    assert gang._fill_estimate(more, group, True) == gang._fill_estimate(
+                        classes, group, True
+                    )
+                fewer = {c: n - 1 for c, n in usable.items() if 0 < n <= group.pods}
+                if fewer:
+                    lowered += 1
+                    assert gang._signature({**classes, **fewer}, group, True) != gang._signature(
+                        classes, group, True
+                    )
+    # each cluster exercises both directions (12 and 6 domains at least, seed 5)
+    assert raised >= 10
+    assert lowered >= 5
