@@ -10,7 +10,9 @@ placement policy, side by side on the same states.
    replicas, each prefill handing 3 GB of KV cache to its decode within 10 ms: 300 GB/s).
    Reported per policy: p50 and p99 of the decision time, how often it placed, how often the
    placement was *feasible* (placed and every bandwidth need met), and the median predicted
-   communication time of its feasible placements.
+   communication time of its feasible placements. The built state is collected and frozen
+   before the samples, as the aggregator keeps its state out of the collector's walks
+   (`_state_frozen`).
 2. `worse_than_kueue`: over every latency sample and quality instance, how often the gputopo
    policy's predicted time is worse than kueue-bestfit's beyond the tie bucket
    (`cost.TIME_BUCKET_RATIO`), both feasible; and how often kueue-bestfit was feasible where
@@ -46,13 +48,15 @@ is left out of the medians, of `worse_than_kueue` and of `quality_vs_optimal`.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import math
 import random
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -217,11 +221,29 @@ def _snapshot_costs(layout: str, snapshot: Any, seed: int) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _state_frozen() -> Iterator[None]:
+    """Collect and freeze what building a cluster state left, while decisions on it are timed.
+
+    The aggregator never lets a full collection walk its cluster state (`runtime.heap` freezes
+    what survives one), and a decision allocates a few thousand objects. Here the state was
+    just built, so the collector's next full collection walks all of it (17 ms at 10,008 GPUs,
+    seen with `gc.callbacks`) inside whichever decision allocates past its threshold, and that
+    decision becomes the p99 of its policy by an accident of allocation counts: on one tree
+    sample 16 of kueue-bestfit's TP-8, on the next its first. Frozen, a collection walks what
+    the decisions themselves left."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def _latency(
     args: argparse.Namespace, worse: _Worse, log: Any, snapshots: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    from gputopo.placement import POLICIES, place
-    from gputopo.sim.scenarios import Occupancy, build_nodes, empty_snapshot, shape_request
+    from gputopo.sim.scenarios import Occupancy, build_nodes, empty_snapshot
 
     sizes = [int(s) for s in args.sizes.split(",") if s]
     samples = [int(s) for s in args.samples.split(",") if s]
@@ -234,7 +256,6 @@ def _latency(
             nodes = build_nodes(layout, size)
             occupancy = Occupancy(empty_snapshot(nodes), seed=args.seed + i)
             snapshot = occupancy.fill(0.5)
-            per_pod = max(t.gpu_count for t in nodes)
             snapshots.append(_snapshot_costs(layout, snapshot, args.seed + i))
             print(
                 f"{layout} {snapshot.total_gpus} GPUs on {len(nodes)} nodes, "
@@ -242,47 +263,79 @@ def _latency(
                 f"({time.perf_counter() - started:.1f} s to build)",
                 file=log,
             )
-            for shape in shapes:
-                request = shape_request(shape, per_pod)
-                cells = {name: _Cell() for name in POLICIES}
-                for k in range(count):
-                    snap = occupancy.churn()
-                    results = {}
-                    for name in POLICIES:
-                        result, seconds = place(snap, request, policy=name)
-                        cell = cells[name]
-                        cell.ms.append(seconds * 1e3)
-                        cell.placed += result.placed
-                        if _feasible(result):
-                            cell.feasible += 1
-                            cell.predicted.append(_seconds(result) * 1e3)
-                        results[name] = result
-                    worse.add(
-                        f"{layout}/{size}/{shape}#{k}", results["gputopo"], results["kueue-bestfit"]
+            per_pod = max(t.gpu_count for t in nodes)
+            where = {"layout": layout, "gpus": snapshot.total_gpus, "nodes": len(nodes)}
+            with _state_frozen():  # the state is built: time only the decisions on it
+                for shape in shapes:
+                    rows.extend(
+                        _sampled(
+                            worse,
+                            log,
+                            occupancy,
+                            where=where,
+                            shape=shape,
+                            per_pod=per_pod,
+                            count=count,
+                        )
                     )
-                for name, cell in cells.items():
-                    rows.append(
-                        {
-                            "layout": layout,
-                            "gpus": snapshot.total_gpus,
-                            "nodes": len(nodes),
-                            "shape": shape,
-                            "policy": name,
-                            "samples": count,
-                            "p50_ms": round(statistics.median(cell.ms), 3),
-                            "p99_ms": round(_percentile(cell.ms, 99), 3),
-                            "placed": cell.placed,
-                            "feasible": cell.feasible,
-                            "predicted_ms_p50": round(statistics.median(cell.predicted), 4)
-                            if cell.predicted
-                            else None,
-                        }
-                    )
-                ours = next(r for r in rows[-len(cells) :] if r["policy"] == "gputopo")
-                print(
-                    f"  {shape:8} gputopo p50 {ours['p50_ms']:.2f} ms p99 {ours['p99_ms']:.2f} ms",
-                    file=log,
-                )
+    return rows
+
+
+def _sampled(
+    worse: _Worse,
+    log: Any,
+    occupancy: Any,
+    *,
+    where: dict[str, Any],
+    shape: str,
+    per_pod: int,
+    count: int,
+) -> list[dict[str, Any]]:
+    """`count` samples of one shape, each on a churned snapshot, every policy on each: a row per
+    policy (`_latency`; `where` names the cluster)."""
+    from gputopo.placement import POLICIES, place
+    from gputopo.sim.scenarios import shape_request
+
+    request = shape_request(shape, per_pod)
+    cells = {name: _Cell() for name in POLICIES}
+    for k in range(count):
+        snap = occupancy.churn()
+        results = {}
+        for name in POLICIES:
+            result, seconds = place(snap, request, policy=name)
+            cell = cells[name]
+            cell.ms.append(seconds * 1e3)
+            cell.placed += result.placed
+            if _feasible(result):
+                cell.feasible += 1
+                cell.predicted.append(_seconds(result) * 1e3)
+            results[name] = result
+        worse.add(
+            f"{where['layout']}/{where['gpus']}/{shape}#{k}",
+            results["gputopo"],
+            results["kueue-bestfit"],
+        )
+    rows = [
+        {
+            **where,
+            "shape": shape,
+            "policy": name,
+            "samples": count,
+            "p50_ms": round(statistics.median(cell.ms), 3),
+            "p99_ms": round(_percentile(cell.ms, 99), 3),
+            "placed": cell.placed,
+            "feasible": cell.feasible,
+            "predicted_ms_p50": round(statistics.median(cell.predicted), 4)
+            if cell.predicted
+            else None,
+        }
+        for name, cell in cells.items()
+    ]
+    ours = next(r for r in rows if r["policy"] == "gputopo")
+    print(
+        f"  {shape:8} gputopo p50 {ours['p50_ms']:.2f} ms p99 {ours['p99_ms']:.2f} ms",
+        file=log,
+    )
     return rows
 
 
