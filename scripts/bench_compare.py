@@ -36,8 +36,10 @@ just before it. Five rounds do not average those out, so every side of a round i
    such as `bench ingest`, would have them share the one CPU).
 
 Statistics. Per figure: `base`, `branch` (medians over rounds), `ratio` (their quotient: the
-unpaired ratio), with `--aa` `aa` (the base copy's median over the base's) and `noise` (over
-every way to cut the base's runs in two halves, the largest ratio of their medians, either way
+unpaired ratio; branch / base, or base / branch for a figure that is better higher, marked
+`higher_is_better`, so that a ratio above 1 is worse for every figure), with `--aa` `aa` (the
+base copy's median over the base's) and `noise` (over every way to cut the base's runs in two
+halves, the largest ratio of their medians, either way
 up). Paired: `paired_ratio`, the median over rounds of branch_i / base_i; `paired_aa`, the
 same of copy_i / base_i; `paired_noise`, the median over rounds of copy_i / base_i taken the
 wider way up (which of two same-code runs of a round is "the base" is arbitrary: this is the
@@ -80,6 +82,15 @@ from typing import Any
 HERE = Path(__file__).resolve().parent.parent
 # Fields that name a row of a list (which layout, size, shape, policy it is about).
 ROW_KEYS = ("layout", "gpus", "node_gpus", "request_gpus", "shape", "policy", "server")
+# Figures that are better when higher (the last part of a figure's name): their ratios are
+# taken base over branch, so that above 1 means worse for every figure the verdict lists.
+HIGHER_IS_BETTER = (
+    "kueue_over_gputopo_p50",  # how many times faster gputopo decides than kueue-bestfit
+    "rebuild_over_derive",  # how many times cheaper a derived snapshot is than a rebuilt one
+    "placed",
+    "feasible",
+    "pods_per_second",
+)
 # PYTHONHASHSEED takes 0..2**32-1; 0 turns hashing of str and bytes into a fixed, unsalted
 # function, which is not how any process runs in production: the seeds are drawn above it.
 HASH_SEEDS = range(1, 2**32)
@@ -242,12 +253,18 @@ def compare(base: Runs, branch: Runs, again: Runs | None = None) -> dict[str, Fi
         if key.rsplit(".", 1)[-1] in (*ROW_KEYS, "seed"):
             continue  # names a row, not a figure
         b, n = _median(base, key), _median(branch, key)
-        figure: Figure = {"base": b, "branch": n, "ratio": _ratio(n, b)}
-        figure["paired_ratio"] = paired_ratio(per_round(branch, base, key))
+        up = key.rsplit(".", 1)[-1] in HIGHER_IS_BETTER
+        figure: Figure = {"base": b, "branch": n, "ratio": _ratio(b, n) if up else _ratio(n, b)}
+        if up:
+            figure["higher_is_better"] = 1
+        figure["paired_ratio"] = paired_ratio(
+            per_round(base, branch, key) if up else per_round(branch, base, key)
+        )
         if again is not None and any(key in r for r in again):
-            figure["aa"] = _ratio(_median(again, key), b)
+            a = _median(again, key)
+            figure["aa"] = _ratio(b, a) if up else _ratio(a, b)
             figure["noise"] = noise([r[key] for r in (*base, *again) if key in r])
-            aa = per_round(again, base, key)
+            aa = per_round(base, again, key) if up else per_round(again, base, key)
             figure["paired_aa"] = paired_ratio(aa)
             figure["paired_noise"] = paired_noise(aa)
         figures[key] = figure
@@ -299,6 +316,7 @@ def verdict(figures: dict[str, Figure], threshold: float) -> dict[str, Any]:
         above.append(
             {
                 "figure": key,
+                "higher_is_better": bool(f.get("higher_is_better")),
                 "base": f["base"],
                 "branch": f["branch"],
                 "ratio": ratio,
@@ -351,7 +369,8 @@ def table(found: dict[str, Any]) -> str:
     )
     for a in rows:
         lines.append(
-            f"| `{a['figure']}` | {a['base']:g} | {a['branch']:g} | {_cell(a['ratio'], 'x')} | "
+            f"| `{a['figure']}`{' (higher is better)' if a.get('higher_is_better') else ''} "
+            f"| {a['base']:g} | {a['branch']:g} | {_cell(a['ratio'], 'x')} | "
             f"{_cell(a['aa'])} | {_cell(a['noise'])} | {_cell(a['paired_ratio'], 'x')} | "
             f"{_cell(a['paired_aa'])} | {_cell(a['paired_noise'])} | "
             f"{'yes' if a['beyond_noise'] else 'no'} | "

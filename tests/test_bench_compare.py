@@ -125,6 +125,29 @@ def test_verdict(case: VerdictCase) -> None:
     assert found["beyond_noise"] == int(bool(case.want_beyond_noise))
 
 
+@pytest.mark.parametrize(
+    ("branch", "want_listed"),
+    [([7.0, 7.0, 7.0], True), ([13.0, 13.0, 13.0], False), ([10.0, 10.0, 10.0], False)],
+    ids=["lower-is-worse", "higher-is-not-listed", "unchanged"],
+)
+def test_a_figure_better_higher_is_worse_when_it_falls(
+    branch: list[float], want_listed: bool
+) -> None:
+    """kueue_over_gputopo_p50 rises when gputopo gets faster: base / branch is its ratio."""
+    key = "kueue_over_gputopo_p50[nvl72/1008/tp8].kueue_over_gputopo_p50"
+    runs = lambda values: [{key: v} for v in values]  # noqa: E731
+    base = runs([10.0, 10.0, 10.0])
+    figures = bench_compare.compare(base, runs(branch), runs([10.0, 10.0, 10.0]))
+    assert figures[key]["higher_is_better"] == 1
+    assert figures[key]["ratio"] == round(10.0 / branch[0], 3)
+    assert figures[key]["paired_ratio"] == round(10.0 / branch[0], 3)
+    found = bench_compare.verdict(figures, 1.05)
+    assert [a["figure"] for a in found["above"]] == ([key] if want_listed else [])
+    if want_listed:
+        assert found["above"][0]["higher_is_better"] is True
+        assert found["above"][0]["beyond_noise"] is True
+
+
 def test_noise_is_the_widest_cut_of_the_base_runs() -> None:
     assert bench_compare.noise([5.0, 5.0, 5.0, 5.0]) == 1.0
     assert bench_compare.noise([10.0, 12.0]) == 1.2
