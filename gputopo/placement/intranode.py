@@ -191,6 +191,11 @@ def choose(
         return NodeChoice((), math.inf, LinkKind.NVLINK, (), (), math.inf)
     if free_mask.bit_count() < count:
         return None
+    if count == free_mask.bit_count() and not island and count <= EXACT_RING_GPUS:
+        # Every free GPU: the one candidate, nothing to weigh (`_search` would score it alone,
+        # within budget, and return its figures). A gang's whole free trays, a node's last
+        # GPUs: the first decision on a cluster asks this of every node class it meets.
+        return figures_of(shape, _bits(free_mask))
     key = (shape, free_mask, count, leaves_node, island)
     refined = _refined.get(key)
     if refined is not None:
@@ -359,6 +364,8 @@ def network_front(shape: NodeShape, free_mask: int, count: int) -> tuple[NodeCho
     first = choose(shape, free_mask, count, leaves_node=True)
     if first is None or count <= 0:
         return ()
+    if count == free_mask.bit_count():
+        return (first,)  # the one candidate is `first`: no subset beats its own share
     return (first, *_front(shape, free_mask, count, first.min_nic_gbps))
 
 

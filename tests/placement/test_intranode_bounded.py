@@ -10,6 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from gputopo.machines import describe_profiles, load_machine
 from gputopo.placement import intranode, links
 from gputopo.placement.intranode import choose, figures_of, twin_classes
 from gputopo.placement.ringbound import bounded_ring
@@ -233,3 +234,25 @@ def test_twin_classes_in_python_and_on_arrays_agree(gpus: int) -> None:
         rows = intranode._twin_classes_rows(shape)
         assert rows == intranode._twin_classes_array(shape)
         assert sorted(g for c in rows for g in c) == list(range(gpus))
+
+
+@pytest.mark.parametrize("profile", [p.name for p in describe_profiles()])
+def test_every_free_gpu_is_answered_as_the_search_answers(profile: str) -> None:
+    """`choose` and `network_front` answer "all the free GPUs" without scoring the one
+    candidate; the answer must be the search's, on every recorded machine and free set."""
+    shape = node_shape(load_machine(profile, node_name="n"))
+    rng = random.Random(profile)
+    masks = {(1 << shape.gpu_count) - 1} | {
+        rng.getrandbits(shape.gpu_count) or 1 for _ in range(12)
+    }
+    for mask in sorted(masks):
+        count = mask.bit_count()
+        for leaves in (False, True):
+            intranode.clear_caches()
+            searched, _ = intranode._choose(shape, mask, count, leaves, False)
+            assert searched is not None
+            assert choose(shape, mask, count, leaves_node=leaves) == searched
+        assert intranode.network_front(shape, mask, count) == (
+            choose(shape, mask, count, leaves_node=True),
+            *intranode._front(shape, mask, count, searched.min_nic_gbps),
+        )
