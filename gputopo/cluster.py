@@ -36,7 +36,7 @@ previous=...)` does the same when the aggregator rebuilds its node list.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import ItemsView, Iterable, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
@@ -193,12 +193,43 @@ class _Layered(Mapping[str, _V]):
     def __len__(self) -> int:
         return len(self._base)
 
+    def items(self) -> ItemsView[str, _V]:
+        return _LayeredItems(self)
+
+    def values(self) -> ValuesView[_V]:
+        return _LayeredValues(self)
+
+    def _pairs(self) -> Iterator[tuple[str, _V]]:
+        over = self._over
+        if not over:
+            return iter(self._base.items())
+        return ((k, over.get(k, v)) for k, v in self._base.items())
+
     def changed(self, changes: Mapping[str, _V]) -> _Layered[_V]:
         """A new mapping with some values replaced (keys must exist)."""
         over = {**self._over, **changes}
         if len(over) > max(64, len(self._base) // 16):
             return _Layered({**self._base, **over})
         return _Layered(self._base, over)
+
+
+class _LayeredItems(ItemsView[str, _V]):
+    """`_Layered.items()`: one pass over the base dict, not a lookup of every key (the
+    policies walk every node's state per decision; kueue-bestfit three times)."""
+
+    _mapping: _Layered[_V]
+
+    def __iter__(self) -> Iterator[tuple[str, _V]]:
+        return self._mapping._pairs()
+
+
+class _LayeredValues(ValuesView[_V]):
+    """`_Layered.values()`, one pass likewise."""
+
+    _mapping: _Layered[_V]
+
+    def __iter__(self) -> Iterator[_V]:
+        return (v for _, v in self._mapping._pairs())
 
 
 class _Structure:

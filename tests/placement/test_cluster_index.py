@@ -76,6 +76,27 @@ def test_derived_snapshots_answer_exactly_as_rebuilt_ones(
     }
 
 
+@given(case=change_sequences())
+def test_a_derived_snapshots_nodes_read_alike_every_way(
+    case: tuple[ClusterSnapshot, list[dict[str, frozenset[int]]]],
+) -> None:
+    """`nodes.items()` and `.values()` walk the base once with the changes laid over it: they
+    must give what a lookup of every key gives, in the same order, and stay views."""
+    snap, steps = case
+    for changes in steps:
+        snap = snap.with_free(changes)
+        nodes = snap.nodes
+        looked_up = [(n, nodes[n]) for n in nodes]
+        assert list(nodes.items()) == looked_up
+        assert list(nodes.values()) == [s for _, s in looked_up]
+        assert len(nodes.items()) == len(nodes.values()) == len(looked_up)
+        first = looked_up[0]
+        assert first in nodes.items()
+        assert first[1] in nodes.values()
+        assert {n: s.free for n, s in nodes.items()} == {n: s.free for n, s in looked_up}
+        assert all(s.free == changes[n] for n, s in nodes.items() if n in changes)
+
+
 def test_a_long_chain_of_derives_read_in_any_order_answers_as_rebuilt() -> None:
     # Derived indexes keep the free-count buckets lazily (the domains moved since an ancestor),
     # folding them past `_MOVED_FOLD` domains: 48 leaves and 120 steps cross it more than once,
