@@ -10,9 +10,7 @@ placement policy, side by side on the same states.
    replicas, each prefill handing 3 GB of KV cache to its decode within 10 ms: 300 GB/s).
    Reported per policy: p50 and p99 of the decision time, how often it placed, how often the
    placement was *feasible* (placed and every bandwidth need met), and the median predicted
-   communication time of its feasible placements. The built state is collected and frozen
-   before the samples, as the aggregator keeps its state out of the collector's walks
-   (`_state_frozen`).
+   communication time of its feasible placements.
 2. `worse_than_kueue`: over every latency sample and quality instance, how often the gputopo
    policy's predicted time is worse than kueue-bestfit's beyond the tie bucket
    (`cost.TIME_BUCKET_RATIO`), both feasible; and how often kueue-bestfit was feasible where
@@ -43,20 +41,21 @@ placement policy, side by side on the same states.
 A baseline placement that misses a bandwidth need counts as not feasible: it is in `placed`
 but not in `feasible`, and its predicted time (which would not include the missed deadline)
 is left out of the medians, of `worse_than_kueue` and of `quality_vs_optimal`.
+
+Every part runs under the aggregator's collector policy (`_collector`): no full collection walks
+a cluster state, or what earlier parts left, inside a timed decision.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import json
 import math
 import random
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,27 +220,12 @@ def _snapshot_costs(layout: str, snapshot: Any, seed: int) -> dict[str, Any]:
     }
 
 
-@contextlib.contextmanager
-def _state_frozen() -> Iterator[None]:
-    """Collect and freeze what building a cluster state left, while decisions on it are timed.
-
-    The aggregator never lets a full collection walk its cluster state (`runtime.heap` freezes
-    what survives one), and a decision allocates a few thousand objects. Here the state was
-    just built, so the collector's next full collection walks all of it (17 ms at 10,008 GPUs,
-    seen with `gc.callbacks`) inside whichever decision allocates past its threshold, and that
-    decision becomes the p99 of its policy by an accident of allocation counts: on one tree
-    sample 16 of kueue-bestfit's TP-8, on the next its first. Frozen, a collection walks what
-    the decisions themselves left."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 def _latency(
-    args: argparse.Namespace, worse: _Worse, log: Any, snapshots: list[dict[str, Any]]
+    args: argparse.Namespace,
+    worse: _Worse,
+    log: Any,
+    snapshots: list[dict[str, Any]],
+    settle: Callable[[], None],
 ) -> list[dict[str, Any]]:
     from gputopo.sim.scenarios import Occupancy, build_nodes, empty_snapshot
 
@@ -265,19 +249,19 @@ def _latency(
             )
             per_pod = max(t.gpu_count for t in nodes)
             where = {"layout": layout, "gpus": snapshot.total_gpus, "nodes": len(nodes)}
-            with _state_frozen():  # the state is built: time only the decisions on it
-                for shape in shapes:
-                    rows.extend(
-                        _sampled(
-                            worse,
-                            log,
-                            occupancy,
-                            where=where,
-                            shape=shape,
-                            per_pod=per_pod,
-                            count=count,
-                        )
+            settle()  # the state is built: a collection must not walk it inside a decision
+            for shape in shapes:
+                rows.extend(
+                    _sampled(
+                        worse,
+                        log,
+                        occupancy,
+                        where=where,
+                        shape=shape,
+                        per_pod=per_pod,
+                        count=count,
                     )
+                )
     return rows
 
 
@@ -623,18 +607,29 @@ def _targets(
 
 def run(args: argparse.Namespace) -> int:
     """Run every part and print the figures."""
+    from gputopo.app.benchmarks._collector import collector_as_deployed
+
+    log = sys.stderr if args.json else sys.stdout
+    with collector_as_deployed() as settle:
+        return _run(args, log, settle)
+
+
+def _run(args: argparse.Namespace, log: Any, settle: Callable[[], None]) -> int:
     from gputopo import cost
     from gputopo.app.benchmarks._churn import occupancy_churn
     from gputopo.app.benchmarks._upstream import upstream_shape
 
-    log = sys.stderr if args.json else sys.stdout
     started = time.perf_counter()
     worse = _Worse()
     snapshots: list[dict[str, Any]] = []
-    latency = _latency(args, worse, log, snapshots)
+    latency = _latency(args, worse, log, snapshots, settle)
+    settle()
     quality = _quality(args, worse, log) if args.quality_instances > 0 else {"policies": {}}
+    settle()
     fragmentation = _fragmentation(args, log) if args.fragmentation_gpus > 0 else []
+    settle()
     pcie = _pcie_servers(args, log) if args.pcie_gpus and args.pcie_samples > 0 else []
+    settle()
     churn = (
         occupancy_churn(
             layout="dgx-h100",
@@ -659,6 +654,7 @@ def run(args: argparse.Namespace) -> int:
     if bench_tp8 is not None:  # the issue's bar: within 2x of the engine's own figures
         for q in ("p50_ms", "p99_ms"):
             churn[f"churn_over_bench_tp8_{q[:3]}"] = round(churn["churn"][q] / bench_tp8[q], 2)
+    settle()
     upstream = (
         upstream_shape(
             nodes=args.upstream_nodes,
