@@ -43,10 +43,11 @@ halves, the largest ratio of their medians, either way
 up). Paired: `paired_ratio`, the median over rounds of branch_i / base_i; `paired_aa`, the
 same of copy_i / base_i; `paired_noise`, the median over rounds of copy_i / base_i taken the
 wider way up (which of two same-code runs of a round is "the base" is arbitrary: this is the
-widest paired A/A over every choice). The `verdict` lists every figure whose paired or
-unpaired ratio is above `--threshold`, and calls it `beyond_noise` when its paired ratio is
-above the threshold and above its paired noise; `beyond_noise_unpaired` keeps the earlier rule
-(the unpaired ratio above the threshold and the split-halves noise) so the two can be compared.
+widest paired A/A over every choice). The `verdict` lists every figure (but quotients of two
+others, `QUOTIENT`) whose paired or unpaired ratio is above `--threshold`, and calls it
+`beyond_noise` when its paired ratio is above the threshold and above its paired noise;
+`beyond_noise_unpaired` keeps the earlier rule (the unpaired ratio above the threshold and the
+split-halves noise) so the two can be compared.
 The split halves are not the paired ratio's yardstick: they see the medians wander between
 rounds (load that drifts), which pairing cancels, and would hide a steady regression under it.
 `beyond_both` counts the figures beyond under both rules: fewer false alarms where the load
@@ -84,14 +85,12 @@ HERE = Path(__file__).resolve().parent.parent
 ROW_KEYS = ("layout", "gpus", "node_gpus", "request_gpus", "shape", "policy", "server")
 # Figures that are better when higher (the last part of a figure's name): their ratios are
 # taken base over branch, so that above 1 means worse for every figure the verdict lists.
-HIGHER_IS_BETTER = (
-    "kueue_over_gputopo_p50",  # how many times faster gputopo decides than kueue-bestfit
-    # (not rebuild_over_derive: it falls as much when a rebuild gets faster as when deriving
-    # gets slower; both are figures of their own)
-    "placed",
-    "feasible",
-    "pods_per_second",
-)
+HIGHER_IS_BETTER = ("placed", "feasible", "pods_per_second")
+# A figure whose name has this in it is the quotient of two others (kueue_over_gputopo_p50,
+# churn_over_static_p50, rebuild_over_derive): it moves as much when its denominator gets
+# faster as when its numerator gets slower, and both are judged on their own, so it is compared
+# and shown but left out of the verdict (`quotients` counts it).
+QUOTIENT = "_over_"
 # PYTHONHASHSEED takes 0..2**32-1; 0 turns hashing of str and bytes into a fixed, unsalted
 # function, which is not how any process runs in production: the seeds are drawn above it.
 HASH_SEEDS = range(1, 2**32)
@@ -308,7 +307,11 @@ def verdict(figures: dict[str, Figure], threshold: float) -> dict[str, Any]:
     """Every figure whose paired or unpaired ratio is above `threshold`, with both noises and
     whether it is beyond them under the paired rule and under the earlier unpaired one."""
     above: list[dict[str, Any]] = []
+    quotients = 0
     for key, f in figures.items():
+        if QUOTIENT in key.rsplit(".", 1)[-1]:
+            quotients += 1
+            continue
         ratio, paired = f["ratio"], f.get("paired_ratio")
         if not (_over(ratio, threshold) or _over(paired, threshold)):
             continue
@@ -333,7 +336,8 @@ def verdict(figures: dict[str, Figure], threshold: float) -> dict[str, Any]:
 
     return {
         "threshold": threshold,
-        "compared": len(figures),
+        "compared": len(figures) - quotients,
+        "quotients": quotients,
         "above_threshold": sum(1 for a in above if _over(a["paired_ratio"], threshold)),
         "beyond_noise": sum(1 for a in above if a["beyond_noise"]),
         "unpaired": {

@@ -133,8 +133,8 @@ def test_verdict(case: VerdictCase) -> None:
 def test_a_figure_better_higher_is_worse_when_it_falls(
     branch: list[float], want_listed: bool
 ) -> None:
-    """kueue_over_gputopo_p50 rises when gputopo gets faster: base / branch is its ratio."""
-    key = "kueue_over_gputopo_p50[nvl72/1008/tp8].kueue_over_gputopo_p50"
+    """A gang's pods per second rises when the binder gets faster: base / branch is its ratio."""
+    key = "stream.pods_per_second"
     runs = lambda values: [{key: v} for v in values]  # noqa: E731
     base = runs([10.0, 10.0, 10.0])
     figures = bench_compare.compare(base, runs(branch), runs([10.0, 10.0, 10.0]))
@@ -146,6 +146,21 @@ def test_a_figure_better_higher_is_worse_when_it_falls(
     if want_listed:
         assert found["above"][0]["higher_is_better"] is True
         assert found["above"][0]["beyond_noise"] is True
+
+
+def test_a_quotient_of_two_figures_is_compared_but_not_judged() -> None:
+    """kueue_over_gputopo_p50 falls when kueue-bestfit gets faster: its two latencies are
+    judged, the quotient is only shown."""
+    quotient = "kueue_over_gputopo_p50[nvl72/1008/tp8].kueue_over_gputopo_p50"
+    kueue = "latency[nvl72/1008/tp8/kueue-bestfit].p50_ms"
+    base = [{quotient: 4.0, kueue: 4.0}] * 3
+    branch = [{quotient: 2.0, kueue: 2.0}] * 3
+    figures = bench_compare.compare(base, branch, base)
+    assert figures[quotient]["ratio"] == 0.5
+    found = bench_compare.verdict(figures, 1.05)
+    assert (found["compared"], found["quotients"], found["above"]) == (1, 1, [])
+    found = bench_compare.verdict(bench_compare.compare(branch, base, branch), 1.05)
+    assert [a["figure"] for a in found["above"]] == [kueue]  # the latency, not its quotient
 
 
 def test_noise_is_the_widest_cut_of_the_base_runs() -> None:
