@@ -191,11 +191,13 @@ def choose(
         return NodeChoice((), math.inf, LinkKind.NVLINK, (), (), math.inf)
     if free_mask.bit_count() < count:
         return None
-    if count == free_mask.bit_count() and not island and count <= EXACT_RING_GPUS:
+    if count == free_mask.bit_count() and count <= EXACT_RING_GPUS:
         # Every free GPU: the one candidate, nothing to weigh (`_search` would score it alone,
-        # within budget, and return its figures). A gang's whole free trays, a node's last
-        # GPUs: the first decision on a cluster asks this of every node class it meets.
-        return figures_of(shape, _bits(free_mask))
+        # within budget, and return its figures). A whole free node for a TP-8, a gang's free
+        # trays: the first decision on a cluster asks this of every node class it meets.
+        gpus = _bits(free_mask)
+        if not island or _one_pool(shape, gpus):
+            return figures_of(shape, gpus)
     key = (shape, free_mask, count, leaves_node, island)
     refined = _refined.get(key)
     if refined is not None:
@@ -341,6 +343,14 @@ def _ring_cap(shape: NodeShape, free: tuple[int, ...], count: int) -> float:
         links = sorted((shape.bw[g][h] for h in free if h != g), reverse=True)
         cap = max(cap, links[0] if count == 2 else links[1])
     return cap
+
+
+def _one_pool(shape: NodeShape, free: tuple[int, ...]) -> bool:
+    """Whether `_pools(shape, free, len(free))` is `[free]`: one island holds every free GPU
+    (and is an NVLink island, or the request is one GPU)."""
+    return any(
+        all(g in isl for g in free) and (len(free) == 1 or len(isl) > 1) for isl in shape.islands
+    )
 
 
 def _pools(shape: NodeShape, free: tuple[int, ...], count: int) -> list[tuple[int, ...]]:

@@ -245,14 +245,20 @@ def test_every_free_gpu_is_answered_as_the_search_answers(profile: str) -> None:
     masks = {(1 << shape.gpu_count) - 1} | {
         rng.getrandbits(shape.gpu_count) or 1 for _ in range(12)
     }
+    masks |= {sum(1 << g for g in isl) for isl in shape.islands}  # each island's GPUs free
+    islands = 0
     for mask in sorted(masks):
         count = mask.bit_count()
-        for leaves in (False, True):
+        for leaves, island in itertools.product((False, True), (False, True)):
             intranode.clear_caches()
-            searched, _ = intranode._choose(shape, mask, count, leaves, False)
-            assert searched is not None
-            assert choose(shape, mask, count, leaves_node=leaves) == searched
+            want, _ = intranode._choose(shape, mask, count, leaves, island)
+            assert choose(shape, mask, count, leaves_node=leaves, island=island) == want
+            islands += island and want is not None
+        intranode.clear_caches()
+        searched, _ = intranode._choose(shape, mask, count, True, False)
+        assert searched is not None
         assert intranode.network_front(shape, mask, count) == (
             choose(shape, mask, count, leaves_node=True),
             *intranode._front(shape, mask, count, searched.min_nic_gbps),
         )
+    assert islands > 0  # the free sets that are one island's GPUs
