@@ -155,6 +155,7 @@ def clear_caches() -> None:
         _pending.clear()
         _refined.clear()
     _choose.cache_clear()
+    _chosen.cache_clear()
     _front.cache_clear()
     _figures.cache_clear()
     _ring_alternatives.cache_clear()
@@ -191,18 +192,26 @@ def choose(
         return NodeChoice((), math.inf, LinkKind.NVLINK, (), (), math.inf)
     if free_mask.bit_count() < count:
         return None
-    if count == free_mask.bit_count() and count <= EXACT_RING_GPUS:
-        # Every free GPU: the one candidate, nothing to weigh (`_search` would score it alone,
-        # within budget, and return its figures). A whole free node for a TP-8, a gang's free
-        # trays: the first decision on a cluster asks this of every node class it meets.
-        gpus = _bits(free_mask)
-        if not island or _one_pool(shape, gpus):
-            return figures_of(shape, gpus)
     key = (shape, free_mask, count, leaves_node, island)
     refined = _refined.get(key)
     if refined is not None:
         return refined
-    return _choose(*key)[0]
+    return _chosen(*key)
+
+
+@lru_cache(maxsize=1 << 16)
+def _chosen(
+    shape: NodeShape, free_mask: int, count: int, leaves_node: bool, island: bool
+) -> NodeChoice | None:
+    """`_choose`'s answer, without weighing the one candidate when the question is every free
+    GPU: `_search` would score it alone, within budget, and return its figures. A whole free
+    node for a TP-8, a gang's free trays: the first decision on a cluster asks this of every
+    node class it meets, and scoring it builds the node's bucket matrix."""
+    if count == free_mask.bit_count() and count <= EXACT_RING_GPUS:
+        gpus = _bits(free_mask)
+        if not island or _one_pool(shape, gpus):
+            return figures_of(shape, gpus)
+    return _choose(shape, free_mask, count, leaves_node, island)[0]
 
 
 def refine(*, limit: int = 16) -> int:
