@@ -62,17 +62,20 @@ class _Topologies:
         self.fabric_levels = [_tier_label(k) for k in reversed(range(depth))] + [HOSTNAME_LABEL]
         self.nvlink_levels = [ACCELERATOR, HOSTNAME_LABEL]
         fabric_nodes, nvlink_nodes = [], []
+        paths: dict[tuple[str, ...], dict[str, str]] = {}  # the nodes of a leaf share one
         for name, state in snapshot.nodes.items():
             if not state.placeable:
                 continue
             total = state.topology.gpu_count
             alloc = {GPU: float(total), "pods": float(_MAX_PODS)}
-            labels = {HOSTNAME_LABEL: name}
             tiers = state.topology.fabric.tiers
-            for k in range(len(tiers)):
+            path = paths.get(tiers)
+            if path is None:
                 # The whole path up, so a leaf name reused under two spines stays two leaves.
-                labels[_tier_label(k)] = "/".join(reversed(tiers[k:]))
-            fabric_nodes.append(TasNode(name, labels, alloc))
+                path = paths[tiers] = {
+                    _tier_label(k): "/".join(reversed(tiers[k:])) for k in range(len(tiers))
+                }
+            fabric_nodes.append(TasNode(name, {HOSTNAME_LABEL: name, **path}, alloc))
             domain = snapshot.domain_of(name, Scope.NVLINK)
             if domain:
                 nvlink_nodes.append(
