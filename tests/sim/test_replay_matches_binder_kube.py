@@ -9,7 +9,9 @@ arrivals, as the replay orders them) and waits for the binder to settle after ea
 jitter on a loaded machine cannot reorder anything: what is compared is decisions, not timing.
 "Settled" is the binder's own word (`Binder.idle`: nothing in flight, every pod event looked at,
 every waiting group tried since GPUs were last freed), asked once the binder's pod cache holds
-every change the driver made; it used to be "nothing bound for 1 s", which a slow machine could
+every change the driver made and the aggregator's pod watch every phase it set (under load that
+watch lagged the binder's, and a gang arriving next was placed around a finished one whose GPUs
+the aggregator still counted); it used to be "nothing bound for 1 s", which a slow machine could
 satisfy while the binder was still at work.
 """
 
@@ -117,6 +119,7 @@ def test_simulator_and_real_binder_place_and_finish_the_same(
         reservations: dict[str, str] = {}
         pending = list(jobs)
         written: dict[str, int] = {}  # pod -> resource version of the driver's last write
+        phased: set[str] = set()  # pods whose phase the fake kubelet set
 
         def wrote(pod: Mapping[str, Any]) -> None:
             meta = pod["metadata"]
@@ -129,6 +132,17 @@ def test_simulator_and_real_binder_place_and_finish_the_same(
                 if p["metadata"]["namespace"] == ns
             }
             return all(seen.get(pod, -1) >= rv for pod, rv in written.items())
+
+        async def aggregator_saw_every_phase() -> bool:
+            # Its watch holds bound pods only: every pod the fake kubelet moved is bound.
+            assert agg.pods is not None
+            cache = agg.pods.informer.cache
+            return all(
+                int(cache[key]["metadata"]["resourceVersion"]) >= written[pod]
+                if (key := f"{ns}/{pod}") in cache
+                else False
+                for pod in phased
+            )
 
         async def bound() -> dict[str, dict[str, list[int]]]:
             out: dict[str, dict[str, list[int]]] = {}
@@ -153,6 +167,11 @@ def test_simulator_and_real_binder_place_and_finish_the_same(
             """Wait until the binder has received every change made so far and acted on
             everything it can (its own signal, `Binder.idle`)."""
             await _eventually(binder_saw_every_write, "the binder's cache holds every write")
+            # And the aggregator's: its pod watch decides what a finished pod still holds, and
+            # lags the binder's under load (a gang placed next must see what the binder saw).
+            await _eventually(
+                aggregator_saw_every_phase, "the aggregator's watch holds every phase"
+            )
             # 30 s: only a binder that never settles comes near it (it takes under 1 s)
             try:
                 await asyncio.wait_for(b.idle(), timeout=30)
@@ -167,6 +186,7 @@ def test_simulator_and_real_binder_place_and_finish_the_same(
                     placements[job] = alloc
                     for pod in range(by_name[job].request.groups[0].pods):
                         wrote(await _phase(kube, ns, f"{job}-{pod}", "Running"))
+                        phased.add(f"{job}-{pod}")
 
         while pending or len(finished) < len(started):
             next_arrival = pending[0].arrival if pending else math.inf
