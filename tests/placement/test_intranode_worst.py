@@ -19,6 +19,7 @@ import pytest
 from gputopo import cost
 from gputopo.cluster import ClusterSnapshot, NodeState
 from gputopo.links import LinkKind
+from gputopo.machines import describe_profiles, load_machine
 from gputopo.placement import intranode, place, ringbound
 from gputopo.placement.links import EXACT_RING_GPUS
 from gputopo.request import request_from_mapping
@@ -182,6 +183,21 @@ def test_links_are_bucketed_on_arrays_as_one_by_one() -> None:
     ordered = sorted(values)
     found = intranode._buckets(np.array(ordered)).tolist()
     assert found == [float(intranode._bucket(g)) for g in ordered]
+
+
+def test_small_nodes_are_bucketed_link_by_link_as_on_arrays() -> None:
+    """Up to `_ROW_BUCKETS` GPUs `_bucketed` buckets link by link (no numpy on a cold
+    decision); the matrix must be the vectorised one, on every recorded machine and worst case
+    (larger ones too: `_bucketed_rows` is the definition)."""
+    shapes = [_shape(name) for name in WORST]
+    shapes += [node_shape(load_machine(p.name, node_name="n")) for p in describe_profiles()]
+    assert sum(shape.gpu_count <= intranode._ROW_BUCKETS for shape in shapes) >= 10
+    for shape in shapes:
+        n = shape.gpu_count
+        vectorised = -intranode._buckets(shape.bw_array.ravel()).reshape(n, n)
+        assert intranode._bucketed_rows(shape) == tuple(map(tuple, vectorised.tolist()))
+        intranode.clear_caches()
+        assert intranode._bucketed_array(shape).tolist() == vectorised.tolist()
 
 
 @pytest.mark.parametrize(
