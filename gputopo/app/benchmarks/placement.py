@@ -137,6 +137,14 @@ class _Cell:
     placed: int = 0
     feasible: int = 0
 
+    def record(self, result: Any, seconds: float) -> None:
+        """One decision: its time, whether it placed, and a feasible one's predicted time."""
+        self.ms.append(seconds * 1e3)
+        self.placed += result.placed
+        if _feasible(result):
+            self.feasible += 1
+            self.predicted.append(_seconds(result) * 1e3)
+
 
 def _percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100)."""
@@ -287,12 +295,7 @@ def _sampled(
         results = {}
         for name in POLICIES:
             result, seconds = place(snap, request, policy=name)
-            cell = cells[name]
-            cell.ms.append(seconds * 1e3)
-            cell.placed += result.placed
-            if _feasible(result):
-                cell.feasible += 1
-                cell.predicted.append(_seconds(result) * 1e3)
+            cells[name].record(result, seconds)
             results[name] = result
         worse.add(
             f"{where['layout']}/{where['gpus']}/{shape}#{k}",
@@ -431,12 +434,7 @@ def _pcie_servers(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
                 for name in POLICIES:
                     clear_caches()
                     result, seconds = place(snap, request, policy=name)
-                    cell = cells[name]
-                    cell.ms.append(seconds * 1e3)
-                    cell.placed += result.placed
-                    if _feasible(result):
-                        cell.feasible += 1
-                        cell.predicted.append(_seconds(result) * 1e3)
+                    cells[name].record(result, seconds)
             for name, cell in cells.items():
                 rows.append(
                     {
