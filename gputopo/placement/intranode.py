@@ -209,7 +209,7 @@ def _chosen(
     node class it meets, and scoring it builds the node's bucket matrix."""
     if count == free_mask.bit_count() and count <= EXACT_RING_GPUS:
         gpus = _bits(free_mask)
-        if not island or _one_pool(shape, gpus):
+        if not island or _pools(shape, gpus, count) == [gpus]:
             return figures_of(shape, gpus)
     return _choose(shape, free_mask, count, leaves_node, island)[0]
 
@@ -352,14 +352,6 @@ def _ring_cap(shape: NodeShape, free: tuple[int, ...], count: int) -> float:
         links = sorted((shape.bw[g][h] for h in free if h != g), reverse=True)
         cap = max(cap, links[0] if count == 2 else links[1])
     return cap
-
-
-def _one_pool(shape: NodeShape, free: tuple[int, ...]) -> bool:
-    """Whether `_pools(shape, free, len(free))` is `[free]`: one island holds every free GPU
-    (and is an NVLink island, or the request is one GPU)."""
-    return any(
-        all(g in isl for g in free) and (len(free) == 1 or len(isl) > 1) for isl in shape.islands
-    )
 
 
 def _pools(shape: NodeShape, free: tuple[int, ...], count: int) -> list[tuple[int, ...]]:
